@@ -1,0 +1,53 @@
+//! `agl-gov`: the governance kernel of agl.
+//!
+//! agl trains AI agents with reinforcement learning while this kernel checks every action
+//! before it executes. The crate knows nothing about stores, training or Spider; it is given
+//! [`Action`]s and returns [`Decision`]s.
+//!
+//! # Pieces
+//! * [`Kernel`] runs every [`Policy`] on an action, combines their [`Violation`]s into a
+//!   [`Decision`], tells each policy the outcome, and appends one entry to an optional
+//!   [`FlightRecorder`]. It is `Send + Sync`; share it through an `Arc`.
+//! * Built-in policies: [`SqlPolicy`] (`sql_safety`: denied statement kinds, stacked
+//!   statements, unparsable or empty SQL) and [`CostControlPolicy`] (`cost_control`: rows
+//!   scanned → USD, per-action limit, per-run budget).
+//! * [`FlightRecorder`]: tamper-evident JSON Lines audit log with a SHA-256 hash chain, and
+//!   [`verify`] / [`verify_lines`] which recompute it.
+//!
+//! # Modes
+//! * [`GovernanceMode::Enforce`]: verdict [`Verdict::Block`] if any violation has
+//!   `blocked == true`, else [`Verdict::Warn`] if any violation, else [`Verdict::Allow`].
+//! * [`GovernanceMode::Audit`] (the "without governance" baseline): violations are recorded
+//!   exactly as found, blocked flags included, so one can see what enforce would have done,
+//!   but the verdict is `Warn` if any violation, else `Allow`: the action executes anyway.
+//!
+//! # Provenance
+//! The semantics follow the documented promises of the Python agentmesh-lightning / Agent OS
+//! governance layer: violation severities critical / high / medium / low, and blocked versus
+//! warned findings. Three defects of that implementation are fixed here:
+//! * SQL that does not parse is a (medium, blocked) violation — fail closed — instead of
+//!   passing silently;
+//! * SQL is classified by walking the whole sqlparser syntax tree (every stacked statement,
+//!   CTEs, subqueries, set operations) instead of by regular expressions, so a `DROP TABLE`
+//!   inside a string literal or comment is not flagged and a `DeLeTe` is;
+//! * the audit log's hash chain is actually recomputed by [`verify`], which reports the first
+//!   tampered line.
+
+mod error;
+mod kernel;
+pub mod policies;
+mod recorder;
+mod types;
+
+pub use error::GovError;
+pub use kernel::{Kernel, Policy};
+pub use policies::cost::COST_POLICY_NAME;
+pub use policies::sql::SQL_POLICY_NAME;
+pub use policies::{
+    CostConfig, CostControlPolicy, CostEstimate, SqlPolicy, SqlPolicyConfig, StatementKind,
+    TableStats,
+};
+pub use recorder::{
+    BrokenEntry, FlightRecorder, GENESIS_HASH, RecordEntry, VerifyReport, verify, verify_lines,
+};
+pub use types::{Action, ActionKind, Decision, GovernanceMode, Severity, Verdict, Violation};

@@ -1,0 +1,40 @@
+//! Built-in policies: [`SqlPolicy`] (`sql_safety`) and [`CostControlPolicy`] (`cost_control`),
+//! plus small helpers shared by both (SQLite parsing, table-name extraction).
+//!
+//! Responsible for what each built-in policy checks. Not responsible for the verdict rule or
+//! recording (see [`crate::Kernel`]).
+
+pub mod cost;
+pub mod sql;
+
+pub use cost::{CostConfig, CostControlPolicy, CostEstimate, TableStats};
+pub use sql::{SqlPolicy, SqlPolicyConfig, StatementKind};
+
+use sqlparser::ast::{ObjectName, Statement};
+use sqlparser::dialect::SQLiteDialect;
+use sqlparser::parser::{Parser, ParserError};
+
+/// Parses `sql` with the SQLite dialect (sqlparser's default recursion limit bounds nesting,
+/// so hostile input produces an error rather than a stack overflow).
+pub(crate) fn parse_sqlite(sql: &str) -> Result<Vec<Statement>, ParserError> {
+    Parser::parse_sql(&SQLiteDialect {}, sql)
+}
+
+/// The identifier parts of an object name (quotes removed), e.g. `["main", "singer"]`.
+pub(crate) fn name_parts(name: &ObjectName) -> Vec<&str> {
+    name.0
+        .iter()
+        .filter_map(|p| p.as_ident())
+        .map(|i| i.value.as_str())
+        .collect()
+}
+
+/// A display form of an object name: identifier parts joined by `.`, without quotes.
+pub(crate) fn display_name(name: &ObjectName) -> String {
+    let parts = name_parts(name);
+    if parts.is_empty() {
+        name.to_string()
+    } else {
+        parts.join(".")
+    }
+}

@@ -1,0 +1,218 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Kernel with both built-in policies: enforce vs audit verdicts for the same actions, and
+//! property tests that checking never panics, whatever the input.
+
+use std::collections::HashMap;
+
+use agl_gov::{
+    Action, CostConfig, CostControlPolicy, FlightRecorder, GovernanceMode, Kernel, Severity,
+    SqlPolicy, TableStats, Verdict,
+};
+use proptest::prelude::*;
+
+fn stats() -> TableStats {
+    let tables: HashMap<String, u64> = [("singer", 100u64), ("t", 1000)]
+        .into_iter()
+        .map(|(t, n)| (t.to_string(), n))
+        .collect();
+    HashMap::from([("concert_singer".to_string(), tables)])
+}
+
+fn kernel(mode: GovernanceMode) -> Kernel {
+    Kernel::new(mode)
+        .with_policy(SqlPolicy::default())
+        .with_policy(CostControlPolicy::new(CostConfig::default(), stats()))
+        .with_recorder(FlightRecorder::in_memory())
+}
+
+#[test]
+fn policy_names_in_order() {
+    let k = kernel(GovernanceMode::Enforce);
+    assert_eq!(k.policy_names(), vec!["sql_safety", "cost_control"]);
+    assert_eq!(k.mode(), GovernanceMode::Enforce);
+}
+
+/// (database, sql, enforce verdict, audit verdict, max severity, violated policies)
+type Case = (
+    &'static str,
+    &'static str,
+    Verdict,
+    Verdict,
+    Option<Severity>,
+    &'static [&'static str],
+);
+
+#[test]
+fn enforce_and_audit_verdicts_for_the_same_actions() {
+    let cases: &[Case] = &[
+        (
+            "concert_singer",
+            "SELECT name FROM singer",
+            Verdict::Allow,
+            Verdict::Allow,
+            None,
+            &[],
+        ),
+        (
+            "concert_singer",
+            "DROP TABLE singer",
+            Verdict::Block,
+            Verdict::Warn,
+            Some(Severity::Critical),
+            &["sql_safety"],
+        ),
+        (
+            "concert_singer",
+            "SELECT 1 FROM t AS a, t AS b, t AS c",
+            Verdict::Block,
+            Verdict::Warn,
+            Some(Severity::High),
+            &["cost_control"],
+        ),
+        (
+            "concert_singer",
+            "SELECT 1 FROM t AS a, t AS b, t AS c; DELETE FROM singer",
+            Verdict::Block,
+            Verdict::Warn,
+            Some(Severity::Critical),
+            &["sql_safety", "cost_control"],
+        ),
+        (
+            "concert_singer",
+            "not sql",
+            Verdict::Block,
+            Verdict::Warn,
+            Some(Severity::Medium),
+            &["sql_safety"],
+        ),
+        (
+            "unknown_db",
+            "SELECT 1",
+            Verdict::Block,
+            Verdict::Warn,
+            Some(Severity::Medium),
+            &["cost_control"],
+        ),
+    ];
+    let enforce = kernel(GovernanceMode::Enforce);
+    let audit = kernel(GovernanceMode::Audit);
+    for (db, sql, ev, av, sev, policies) in cases {
+        let a = Action::sql(*db, *sql);
+        let e = enforce.check(&a).unwrap();
+        let au = audit.check(&a).unwrap();
+        assert_eq!(e.verdict, *ev, "enforce {sql}: {:?}", e.violations);
+        assert_eq!(au.verdict, *av, "audit {sql}");
+        assert_eq!(e.executes(), *ev != Verdict::Block);
+        assert!(au.executes());
+        assert_eq!(e.max_severity(), *sev);
+        assert_eq!(e.policies(), policies.to_vec());
+        // audit keeps the findings, blocked flags included
+        assert_eq!(au.violations, e.violations);
+        assert_eq!(e.mode, GovernanceMode::Enforce);
+        assert_eq!(au.mode, GovernanceMode::Audit);
+    }
+    // one recorder entry per check
+    assert_eq!(enforce.recorder().unwrap().lines().len(), cases.len());
+    assert!(agl_gov::verify_lines(enforce.recorder().unwrap().lines()).is_ok());
+}
+
+#[test]
+fn decision_json_round_trips() {
+    let d = kernel(GovernanceMode::Enforce)
+        .check(&Action::sql("concert_singer", "DELETE FROM singer"))
+        .unwrap();
+    let json = serde_json::to_value(&d).unwrap();
+    assert_eq!(json["verdict"], "block");
+    assert_eq!(json["violations"][0]["severity"], "critical");
+    assert_eq!(json["violations"][0]["blocked"], true);
+    let back: agl_gov::Decision = serde_json::from_value(json).unwrap();
+    assert_eq!(back, d);
+}
+
+#[test]
+fn deeply_nested_input_is_rejected_without_overflowing_the_stack() {
+    let k = kernel(GovernanceMode::Enforce);
+    for depth in [100usize, 10_000] {
+        let sql = format!("SELECT {}1{}", "(".repeat(depth), ")".repeat(depth));
+        let d = k.check(&Action::sql("concert_singer", sql)).unwrap();
+        assert_eq!(d.verdict, Verdict::Block);
+        assert_eq!(d.max_severity(), Some(Severity::Medium));
+        let sub = format!(
+            "SELECT * FROM {}singer{}",
+            "(SELECT * FROM ".repeat(depth),
+            ")".repeat(depth)
+        );
+        let d = k.check(&Action::sql("concert_singer", sub)).unwrap();
+        assert_eq!(d.verdict, Verdict::Block);
+    }
+}
+
+fn sqlish() -> impl Strategy<Value = String> {
+    let token = prop_oneof![
+        Just("SELECT"),
+        Just("FROM"),
+        Just("WHERE"),
+        Just("JOIN"),
+        Just("ON"),
+        Just("WITH"),
+        Just("AS"),
+        Just("UNION"),
+        Just("EXISTS"),
+        Just("IN"),
+        Just("DELETE"),
+        Just("DROP"),
+        Just("TABLE"),
+        Just("UPDATE"),
+        Just("SET"),
+        Just("INSERT"),
+        Just("INTO"),
+        Just("VALUES"),
+        Just("PRAGMA"),
+        Just("ATTACH"),
+        Just("singer"),
+        Just("t"),
+        Just("*"),
+        Just(","),
+        Just("("),
+        Just(")"),
+        Just(";"),
+        Just("="),
+        Just("1"),
+        Just("'x'"),
+        Just("--"),
+        Just("/*"),
+        Just("*/"),
+        Just("\n"),
+    ];
+    proptest::collection::vec(token, 0..40).prop_map(|t| t.join(" "))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn check_never_panics_on_arbitrary_strings(sql in any::<String>(), db in "[a-z_]{0,12}") {
+        for mode in [GovernanceMode::Enforce, GovernanceMode::Audit] {
+            let d = kernel(mode).check(&Action::sql(db.clone(), sql.clone())).unwrap();
+            prop_assert!(mode == GovernanceMode::Enforce || d.executes());
+        }
+    }
+
+    #[test]
+    fn check_never_panics_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let sql = String::from_utf8_lossy(&bytes).into_owned();
+        let d = kernel(GovernanceMode::Enforce)
+            .check(&Action::sql("concert_singer", sql))
+            .unwrap();
+        // Every built-in finding asks for a block (fail closed), whatever the bytes were.
+        prop_assert!(d.violations.iter().all(|v| v.blocked));
+    }
+
+    #[test]
+    fn check_never_panics_on_sql_like_token_soup(sql in sqlish()) {
+        let k = kernel(GovernanceMode::Enforce);
+        let d = k.check(&Action::sql("concert_singer", sql)).unwrap();
+        // Every finding of the built-in policies is a blocking one, so enforce blocks iff any.
+        prop_assert_eq!(d.verdict == Verdict::Block, d.is_violation());
+    }
+}
