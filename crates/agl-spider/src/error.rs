@@ -1,0 +1,88 @@
+//! The crate's single error type, [`SpiderError`].
+//!
+//! Responsible for naming what went wrong (file, field, question index, database, SQL message).
+//! Not responsible for recovery or retries: callers decide what to do with each variant.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading Spider data, inspecting a database or running SQL.
+#[derive(Debug, thiserror::Error)]
+pub enum SpiderError {
+    /// A required directory (the data root or its `database/` folder) does not exist or is not
+    /// a directory.
+    #[error("Spider directory {} does not exist or is not a directory", path.display())]
+    MissingDir {
+        /// The directory that was expected.
+        path: PathBuf,
+    },
+
+    /// A required data file (`train_spider_compact.json` or `dev.json`) is missing.
+    #[error("required Spider file {} is missing", path.display())]
+    MissingFile {
+        /// The file that was expected.
+        path: PathBuf,
+    },
+
+    /// A JSON file is not valid JSON, or its top level is not an array.
+    #[error("malformed JSON in {} at line {line}, column {column}: {message}", path.display())]
+    Json {
+        /// The file being parsed.
+        path: PathBuf,
+        /// 1-based line of the problem (as reported by `serde_json`).
+        line: usize,
+        /// 1-based column of the problem (as reported by `serde_json`).
+        column: usize,
+        /// What the parser found wrong.
+        message: String,
+    },
+
+    /// A question object lacks one of `question` / `query` / `db_id`, or one of them is not a
+    /// string, or the array element is not an object.
+    #[error("{}: question at index {index}: {message}", path.display())]
+    Field {
+        /// The file holding the question.
+        path: PathBuf,
+        /// 0-based position of the question in the file's top-level array.
+        index: usize,
+        /// Which field was wrong and how.
+        message: String,
+    },
+
+    /// The database for `db_id` is unknown or its `.sqlite` file is missing.
+    #[error("database {db_id:?} is not available: no SQLite file at {}", path.display())]
+    MissingDatabase {
+        /// The requested database id.
+        db_id: String,
+        /// Where the file was looked for (`<database dir>/<db_id>/<db_id>.sqlite`).
+        path: PathBuf,
+    },
+
+    /// SQLite rejected or failed the SQL (syntax error, missing table, constraint violation,
+    /// a statement the sandbox does not authorise, a result that is too large, ...).
+    #[error("SQL error on database {db_id:?}: {message}")]
+    Sql {
+        /// The database the SQL ran against.
+        db_id: String,
+        /// SQLite's (or the sandbox's) message.
+        message: String,
+    },
+
+    /// The SQL ran past the executor's time limit and was interrupted (then rolled back).
+    #[error("SQL on database {db_id:?} exceeded the time limit of {seconds} s and was interrupted")]
+    Timeout {
+        /// The database the SQL ran against.
+        db_id: String,
+        /// The configured limit, in seconds.
+        seconds: f64,
+    },
+
+    /// Reading a file failed for a reason other than it being absent.
+    #[error("I/O error reading {}: {source}", path.display())]
+    Io {
+        /// The file or directory being read.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
