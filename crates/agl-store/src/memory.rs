@@ -1,0 +1,810 @@
+//! The in-memory `LightningStore` backend.
+//!
+//! Responsible for holding rollouts, attempts, spans, resources and workers in process memory
+//! behind one mutex, with O(1) amortised dequeue (a `VecDeque` of rollout slots), spans indexed
+//! by rollout, an index of the rollouts the watchdog must look at, and a `tokio::sync::watch`
+//! channel that wakes `wait_for_rollouts` when a rollout finishes. Every rule is delegated to
+//! [`crate::lifecycle`]. Not responsible for persistence (everything is lost on drop), span
+//! eviction, or a background watchdog timer (the scan is lazy, run before the operations of
+//! [`crate::lifecycle::WATCHDOG_OPERATIONS`], plus a timed wake-up inside `wait_for_rollouts`).
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use agl_core::{
+    Attempt, AttemptedRollout, EnqueueRolloutRequest, NamedResources, ResourcesUpdate, Rollout,
+    Span, Worker, new_attempt_id, new_resources_id, new_rollout_id, now_seconds,
+};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::error::StoreError;
+use crate::lifecycle::{self, RolloutChange, ScanDebounce};
+use crate::store::{AttemptUpdate, LightningStore, RolloutFilter, RolloutUpdate, StoreStatistics};
+
+/// One rollout with everything that hangs off it.
+struct Entry {
+    rollout: Rollout,
+    /// Ordered by `sequence_id`; the last one is the latest.
+    attempts: Vec<Attempt>,
+    /// Insertion order.
+    spans: Vec<Span>,
+    /// `(attempt_id, span_id)` of the stored spans, for duplicate detection.
+    span_keys: HashSet<(String, String)>,
+    /// Span sequence counter of this rollout.
+    sequence: i64,
+    /// Whether the rollout currently has an entry in the queue.
+    in_queue: bool,
+}
+
+struct State {
+    entries: Vec<Entry>,
+    index: HashMap<String, usize>,
+    queue: VecDeque<usize>,
+    /// Entries the watchdog must look at (see `lifecycle::is_watched`), in creation order.
+    watched: BTreeSet<usize>,
+    /// Sequence counters of rollout ids that do not exist (Q10).
+    orphan_sequences: HashMap<String, i64>,
+    resources: Vec<ResourcesUpdate>,
+    resources_index: HashMap<String, usize>,
+    latest_resources: Option<usize>,
+    workers: Vec<Worker>,
+    workers_index: HashMap<String, usize>,
+    total_attempts: u64,
+    total_spans: u64,
+    debounce: ScanDebounce,
+    /// Bumped whenever a rollout becomes finished.
+    finished: watch::Sender<u64>,
+}
+
+impl State {
+    fn entry_idx(&self, rollout_id: &str) -> Result<usize, StoreError> {
+        self.index
+            .get(rollout_id)
+            .copied()
+            .ok_or_else(|| StoreError::rollout_not_found(rollout_id))
+    }
+
+    fn fresh_rollout_id(&self) -> String {
+        loop {
+            let id = new_rollout_id();
+            if !self.index.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn latest_resources_id(&self) -> Option<&str> {
+        self.latest_resources
+            .and_then(|i| self.resources.get(i))
+            .map(|r| r.resources_id.as_str())
+    }
+
+    fn worker_mut(&mut self, worker_id: &str) -> &mut Worker {
+        let idx = match self.workers_index.get(worker_id) {
+            Some(i) => *i,
+            None => {
+                self.workers.push(Worker::new(worker_id));
+                let i = self.workers.len() - 1;
+                self.workers_index.insert(worker_id.to_string(), i);
+                i
+            }
+        };
+        &mut self.workers[idx]
+    }
+
+    fn sync_worker_for(&mut self, attempt: &Attempt, now: f64) {
+        if let Some(worker_id) = &attempt.worker_id {
+            lifecycle::sync_worker(self.worker_mut(worker_id), attempt, now);
+        }
+    }
+
+    /// Book-keeping after any change to entry `idx`: requeue, watchdog index, waking waiters.
+    fn after_change(&mut self, idx: usize, change: RolloutChange) {
+        let entry = &mut self.entries[idx];
+        if change.requeue && !entry.in_queue {
+            entry.in_queue = true;
+            self.queue.push_back(idx);
+        }
+        if lifecycle::is_watched(&entry.rollout) {
+            self.watched.insert(idx);
+        } else {
+            self.watched.remove(&idx);
+        }
+        if change.became_finished() {
+            self.finished.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// The lazy, debounced watchdog scan (§4.5).
+    fn scan(&mut self, now: f64) {
+        if !self.debounce.should_scan(now) {
+            return;
+        }
+        let candidates: Vec<usize> = self.watched.iter().copied().collect();
+        for idx in candidates {
+            let entry = &mut self.entries[idx];
+            let Some(attempt) = entry.attempts.last_mut() else {
+                continue;
+            };
+            if let Some(change) = lifecycle::apply_watchdog(&mut entry.rollout, attempt, now) {
+                let attempt = attempt.clone();
+                if change.sync_worker {
+                    self.sync_worker_for(&attempt, now);
+                }
+                self.after_change(idx, change.rollout);
+            }
+        }
+    }
+
+    fn insert_rollout(&mut self, rollout: Rollout) -> usize {
+        let idx = self.entries.len();
+        self.index.insert(rollout.rollout_id.clone(), idx);
+        self.entries.push(Entry {
+            rollout,
+            attempts: Vec::new(),
+            spans: Vec::new(),
+            span_keys: HashSet::new(),
+            sequence: 0,
+            in_queue: false,
+        });
+        idx
+    }
+
+    fn enqueue(&mut self, request: EnqueueRolloutRequest, now: f64) -> Result<Rollout, StoreError> {
+        let id = self.fresh_rollout_id();
+        let rollout = lifecycle::new_rollout(request, id, self.latest_resources_id(), now)?;
+        let idx = self.insert_rollout(rollout);
+        self.entries[idx].in_queue = true;
+        self.queue.push_back(idx);
+        Ok(self.entries[idx].rollout.clone())
+    }
+
+    /// Creates the next attempt of entry `idx` and binds the worker.
+    fn begin_attempt(&mut self, idx: usize, worker_id: Option<&str>, now: f64) -> AttemptedRollout {
+        let entry = &mut self.entries[idx];
+        let existing = u32::try_from(entry.attempts.len()).unwrap_or(u32::MAX);
+        let attempt_id = loop {
+            let id = new_attempt_id();
+            if !entry.attempts.iter().any(|a| a.attempt_id == id) {
+                break id;
+            }
+        };
+        let (attempt, change) = lifecycle::begin_attempt(
+            &mut entry.rollout,
+            existing,
+            attempt_id,
+            worker_id.map(str::to_string),
+            now,
+        );
+        entry.attempts.push(attempt.clone());
+        let rollout = entry.rollout.clone();
+        self.total_attempts += 1;
+        self.sync_worker_for(&attempt, now);
+        self.after_change(idx, change);
+        AttemptedRollout { rollout, attempt }
+    }
+
+    fn sequence_counter(&mut self, rollout_id: &str) -> &mut i64 {
+        match self.index.get(rollout_id) {
+            Some(&idx) => &mut self.entries[idx].sequence,
+            None => self
+                .orphan_sequences
+                .entry(rollout_id.to_string())
+                .or_insert(0),
+        }
+    }
+
+    fn check_span_target(&self, span: &Span) -> Result<usize, StoreError> {
+        let idx = self.index.get(&span.rollout_id).copied();
+        let attempt_found = idx.is_some_and(|i| {
+            self.entries[i]
+                .attempts
+                .iter()
+                .any(|a| a.attempt_id == span.attempt_id)
+        });
+        lifecycle::require_span_target(span, idx.is_some(), attempt_found)?;
+        idx.ok_or_else(|| StoreError::rollout_not_found(&span.rollout_id))
+    }
+
+    /// Stores a span whose target was checked; `None` for a duplicate.
+    fn store_span(&mut self, idx: usize, span: Span, now: f64) -> Option<Span> {
+        let entry = &mut self.entries[idx];
+        let key = (span.attempt_id.clone(), span.span_id.clone());
+        if entry.span_keys.contains(&key) {
+            return None;
+        }
+        let last = entry.attempts.len().saturating_sub(1);
+        let pos = entry
+            .attempts
+            .iter()
+            .position(|a| a.attempt_id == span.attempt_id)?;
+        let effect = lifecycle::record_span(
+            &mut entry.rollout,
+            &mut entry.attempts[pos],
+            pos == last,
+            now,
+        );
+        entry.span_keys.insert(key);
+        entry.spans.push(span.clone());
+        self.total_spans += 1;
+        self.after_change(idx, effect.rollout);
+        Some(span)
+    }
+
+    /// Finished rollouts among `ids` (request order, unknown omitted), whether all are
+    /// finished, and the earliest Unix time at which the watchdog may change one of them.
+    fn wait_snapshot(&self, ids: &[String]) -> (Vec<Rollout>, bool, Option<f64>) {
+        let mut done = Vec::new();
+        let mut all = true;
+        let mut next_wake: Option<f64> = None;
+        for id in ids {
+            let Some(&idx) = self.index.get(id) else {
+                all = false;
+                continue;
+            };
+            let entry = &self.entries[idx];
+            if entry.rollout.status.is_finished() {
+                done.push(entry.rollout.clone());
+                continue;
+            }
+            all = false;
+            if let Some(deadline) = entry
+                .attempts
+                .last()
+                .and_then(|a| lifecycle::watchdog_deadline(&entry.rollout, a))
+            {
+                let at = deadline.max(self.debounce.next_scan_at());
+                next_wake = Some(next_wake.map_or(at, |w: f64| w.min(at)));
+            }
+        }
+        (done, all, next_wake)
+    }
+}
+
+/// The in-memory [`LightningStore`] (the default backend of `agl store`).
+///
+/// All state sits behind one `std::sync::Mutex` that is never held across an `.await`.
+/// Dequeue is O(1) amortised, spans are indexed by rollout, and the watchdog only visits
+/// `preparing`/`running` rollouts that have a timeout configured.
+pub struct InMemoryLightningStore {
+    state: Mutex<State>,
+    finished: watch::Receiver<u64>,
+    started: Instant,
+}
+
+impl Default for InMemoryLightningStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InMemoryLightningStore {
+    /// An empty store with the default watchdog debounce of 10 seconds.
+    pub fn new() -> Self {
+        Self::with_scan_debounce_seconds(lifecycle::DEFAULT_SCAN_DEBOUNCE_SECONDS)
+    }
+
+    /// An empty store whose lazy watchdog scan runs at most once per `seconds` (`0` = before
+    /// every listed operation, as the upstream tests use).
+    pub fn with_scan_debounce_seconds(seconds: f64) -> Self {
+        let (tx, rx) = watch::channel(0u64);
+        InMemoryLightningStore {
+            state: Mutex::new(State {
+                entries: Vec::new(),
+                index: HashMap::new(),
+                queue: VecDeque::new(),
+                watched: BTreeSet::new(),
+                orphan_sequences: HashMap::new(),
+                resources: Vec::new(),
+                resources_index: HashMap::new(),
+                latest_resources: None,
+                workers: Vec::new(),
+                workers_index: HashMap::new(),
+                total_attempts: 0,
+                total_spans: 0,
+                debounce: ScanDebounce::new(seconds),
+                finished: tx,
+            }),
+            finished: rx,
+            started: Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic elsewhere mid-update; the state is still the best we
+        // have, so keep serving it rather than panicking in turn.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Locks the state and runs the debounced watchdog scan first.
+    fn lock_scanned(&self, now: f64) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        state.scan(now);
+        state
+    }
+}
+
+#[async_trait::async_trait]
+impl LightningStore for InMemoryLightningStore {
+    async fn enqueue_rollout(&self, request: EnqueueRolloutRequest) -> Result<Rollout, StoreError> {
+        let now = now_seconds();
+        self.lock_scanned(now).enqueue(request, now)
+    }
+
+    async fn enqueue_many(
+        &self,
+        requests: Vec<EnqueueRolloutRequest>,
+    ) -> Result<Vec<Rollout>, StoreError> {
+        for (i, request) in requests.iter().enumerate() {
+            lifecycle::validate_request(request).map_err(|e| match e {
+                StoreError::Invalid(msg) => StoreError::Invalid(format!("rollouts[{i}]: {msg}")),
+                other => other,
+            })?;
+        }
+        let now = now_seconds();
+        let mut state = self.lock_scanned(now);
+        requests
+            .into_iter()
+            .map(|request| state.enqueue(request, now))
+            .collect()
+    }
+
+    async fn start_rollout(
+        &self,
+        request: EnqueueRolloutRequest,
+        worker_id: Option<String>,
+    ) -> Result<AttemptedRollout, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock_scanned(now);
+        let id = state.fresh_rollout_id();
+        let rollout = lifecycle::new_rollout(request, id, state.latest_resources_id(), now)?;
+        let idx = state.insert_rollout(rollout);
+        Ok(state.begin_attempt(idx, worker_id.as_deref(), now))
+    }
+
+    async fn dequeue_rollout(
+        &self,
+        worker_id: Option<&str>,
+    ) -> Result<Option<AttemptedRollout>, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock_scanned(now);
+        while let Some(idx) = state.queue.pop_front() {
+            let entry = &mut state.entries[idx];
+            entry.in_queue = false;
+            if !lifecycle::is_dispatchable(&entry.rollout) {
+                continue;
+            }
+            let attempted = state.begin_attempt(idx, worker_id, now);
+            if let Some(w) = worker_id {
+                lifecycle::worker_dequeued(state.worker_mut(w), now);
+            }
+            return Ok(Some(attempted));
+        }
+        if let Some(w) = worker_id {
+            lifecycle::worker_found_nothing(state.worker_mut(w), now);
+        }
+        Ok(None)
+    }
+
+    async fn start_attempt(
+        &self,
+        rollout_id: &str,
+        worker_id: Option<&str>,
+    ) -> Result<AttemptedRollout, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock_scanned(now);
+        let idx = state.entry_idx(rollout_id)?;
+        Ok(state.begin_attempt(idx, worker_id, now))
+    }
+
+    async fn update_attempt(
+        &self,
+        rollout_id: &str,
+        attempt_id: &str,
+        update: AttemptUpdate,
+    ) -> Result<Attempt, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock_scanned(now);
+        let idx = state.entry_idx(rollout_id)?;
+        let entry = &mut state.entries[idx];
+        let last = entry.attempts.len().checked_sub(1);
+        let pos = if lifecycle::is_latest_selector(attempt_id) {
+            last
+        } else {
+            entry
+                .attempts
+                .iter()
+                .position(|a| a.attempt_id == attempt_id)
+        }
+        .ok_or_else(|| StoreError::attempt_not_found(attempt_id))?;
+        let change = lifecycle::apply_attempt_update(
+            &mut entry.rollout,
+            &mut entry.attempts[pos],
+            Some(pos) == last,
+            &update,
+            now,
+        )?;
+        let attempt = entry.attempts[pos].clone();
+        if change.sync_worker {
+            state.sync_worker_for(&attempt, now);
+        }
+        state.after_change(idx, change.rollout);
+        Ok(attempt)
+    }
+
+    async fn update_rollout(
+        &self,
+        rollout_id: &str,
+        update: RolloutUpdate,
+    ) -> Result<Rollout, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock_scanned(now);
+        let idx = state.entry_idx(rollout_id)?;
+        let change = lifecycle::apply_rollout_update(&mut state.entries[idx].rollout, update, now)?;
+        state.after_change(idx, change);
+        Ok(state.entries[idx].rollout.clone())
+    }
+
+    async fn get_rollout_by_id(&self, rollout_id: &str) -> Result<Option<Rollout>, StoreError> {
+        let state = self.lock_scanned(now_seconds());
+        Ok(state
+            .index
+            .get(rollout_id)
+            .map(|&i| state.entries[i].rollout.clone()))
+    }
+
+    async fn get_latest_attempt(&self, rollout_id: &str) -> Result<Option<Attempt>, StoreError> {
+        let state = self.lock_scanned(now_seconds());
+        Ok(state
+            .index
+            .get(rollout_id)
+            .and_then(|&i| state.entries[i].attempts.last().cloned()))
+    }
+
+    async fn query_rollouts(&self, filter: RolloutFilter) -> Result<Vec<Rollout>, StoreError> {
+        let state = self.lock_scanned(now_seconds());
+        let status_ok = |r: &Rollout| {
+            filter
+                .status
+                .as_ref()
+                .is_none_or(|allowed| allowed.contains(&r.status))
+        };
+        Ok(match &filter.rollout_ids {
+            Some(ids) => {
+                let mut idxs: Vec<usize> = ids
+                    .iter()
+                    .filter_map(|id| state.index.get(id).copied())
+                    .collect();
+                idxs.sort_unstable();
+                idxs.dedup();
+                idxs.into_iter()
+                    .map(|i| &state.entries[i].rollout)
+                    .filter(|r| status_ok(r))
+                    .cloned()
+                    .collect()
+            }
+            None => state
+                .entries
+                .iter()
+                .map(|e| &e.rollout)
+                .filter(|r| status_ok(r))
+                .cloned()
+                .collect(),
+        })
+    }
+
+    async fn query_attempts(&self, rollout_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        let state = self.lock_scanned(now_seconds());
+        Ok(state
+            .index
+            .get(rollout_id)
+            .map(|&i| state.entries[i].attempts.clone())
+            .unwrap_or_default())
+    }
+
+    async fn get_next_span_sequence_id(
+        &self,
+        rollout_id: &str,
+        _attempt_id: &str,
+    ) -> Result<i64, StoreError> {
+        let mut state = self.lock();
+        Ok(lifecycle::issue_sequence_id(
+            state.sequence_counter(rollout_id),
+        ))
+    }
+
+    async fn add_span(&self, span: Span) -> Result<Option<Span>, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock();
+        lifecycle::observe_sequence_id(state.sequence_counter(&span.rollout_id), span.sequence_id);
+        let idx = state.check_span_target(&span)?;
+        Ok(state.store_span(idx, span, now))
+    }
+
+    async fn add_spans(&self, spans: Vec<Span>) -> Result<Vec<Span>, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock();
+        for span in &spans {
+            lifecycle::observe_sequence_id(
+                state.sequence_counter(&span.rollout_id),
+                span.sequence_id,
+            );
+        }
+        let mut targets = Vec::with_capacity(spans.len());
+        for span in &spans {
+            targets.push(state.check_span_target(span)?);
+        }
+        Ok(spans
+            .into_iter()
+            .zip(targets)
+            .filter_map(|(span, idx)| state.store_span(idx, span, now))
+            .collect())
+    }
+
+    async fn query_spans(
+        &self,
+        rollout_id: &str,
+        attempt_id: Option<&str>,
+    ) -> Result<Vec<Span>, StoreError> {
+        let state = self.lock_scanned(now_seconds());
+        let Some(&idx) = state.index.get(rollout_id) else {
+            return Ok(Vec::new());
+        };
+        let entry = &state.entries[idx];
+        let wanted: Option<&str> = match attempt_id {
+            None => None,
+            Some(a) if lifecycle::is_latest_selector(a) => match entry.attempts.last() {
+                Some(latest) => Some(latest.attempt_id.as_str()),
+                None => return Ok(Vec::new()),
+            },
+            Some(a) => Some(a),
+        };
+        let mut spans: Vec<Span> = entry
+            .spans
+            .iter()
+            .filter(|s| wanted.is_none_or(|w| s.attempt_id == w))
+            .cloned()
+            .collect();
+        // Stable: ties keep insertion order (Q12).
+        spans.sort_by_key(|s| s.sequence_id);
+        Ok(spans)
+    }
+
+    async fn add_resources(
+        &self,
+        resources: NamedResources,
+    ) -> Result<ResourcesUpdate, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock();
+        let id = loop {
+            let id = new_resources_id();
+            if !state.resources_index.contains_key(&id) {
+                break id;
+            }
+        };
+        let update = lifecycle::new_resources(id.clone(), resources, now);
+        state.resources.push(update.clone());
+        let idx = state.resources.len() - 1;
+        state.resources_index.insert(id, idx);
+        state.latest_resources = Some(idx);
+        Ok(update)
+    }
+
+    async fn update_resources(
+        &self,
+        resources_id: &str,
+        resources: NamedResources,
+    ) -> Result<ResourcesUpdate, StoreError> {
+        lifecycle::validate_resources_id(resources_id)?;
+        let now = now_seconds();
+        let mut state = self.lock_scanned(now);
+        let idx = match state.resources_index.get(resources_id) {
+            Some(&idx) => {
+                lifecycle::replace_resources(&mut state.resources[idx], resources, now);
+                idx
+            }
+            None => {
+                let update = lifecycle::new_resources(resources_id.to_string(), resources, now);
+                state.resources.push(update);
+                let idx = state.resources.len() - 1;
+                state.resources_index.insert(resources_id.to_string(), idx);
+                idx
+            }
+        };
+        state.latest_resources = Some(idx);
+        Ok(state.resources[idx].clone())
+    }
+
+    async fn get_resources_by_id(
+        &self,
+        resources_id: &str,
+    ) -> Result<Option<ResourcesUpdate>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .resources_index
+            .get(resources_id)
+            .map(|&i| state.resources[i].clone()))
+    }
+
+    async fn get_latest_resources(&self) -> Result<Option<ResourcesUpdate>, StoreError> {
+        let state = self.lock();
+        Ok(state.latest_resources.map(|i| state.resources[i].clone()))
+    }
+
+    async fn wait_for_rollouts(
+        &self,
+        rollout_ids: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Rollout>, StoreError> {
+        // A timeout too large to represent means "no limit".
+        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
+        let mut finished = self.finished.clone();
+        loop {
+            // Mark the current version as seen *before* looking, so no finish is missed.
+            finished.borrow_and_update();
+            let now = now_seconds();
+            let (done, all, watchdog_at) = self.lock_scanned(now).wait_snapshot(rollout_ids);
+            if all {
+                return Ok(done);
+            }
+            let tokio_now = tokio::time::Instant::now();
+            if deadline.is_some_and(|d| d <= tokio_now) {
+                return Ok(done);
+            }
+            // Wake for the next watchdog deadline too, so timeouts resolve while we wait.
+            let watchdog_wake = watchdog_at.map(|at| {
+                let secs = ((at - now).max(0.0) + 0.001).min(3600.0);
+                tokio_now + Duration::try_from_secs_f64(secs).unwrap_or(Duration::from_millis(1))
+            });
+            let wake = match (deadline, watchdog_wake) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match wake {
+                Some(at) => {
+                    // Ok = a rollout finished; Err = the wake time passed. Both re-check.
+                    let _ = tokio::time::timeout_at(at, finished.changed()).await;
+                }
+                None => {
+                    if finished.changed().await.is_err() {
+                        return Err(StoreError::Closed);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn update_worker(
+        &self,
+        worker_id: &str,
+        heartbeat_stats: Option<Value>,
+    ) -> Result<Worker, StoreError> {
+        let now = now_seconds();
+        let mut state = self.lock();
+        // Validate before the upsert so a refused call creates no worker.
+        lifecycle::validate_heartbeat_stats(heartbeat_stats.as_ref())?;
+        let worker = state.worker_mut(worker_id);
+        lifecycle::worker_heartbeat(worker, heartbeat_stats, now)?;
+        Ok(worker.clone())
+    }
+
+    async fn query_workers(&self) -> Result<Vec<Worker>, StoreError> {
+        let state = self.lock_scanned(now_seconds());
+        Ok(state.workers.clone())
+    }
+
+    async fn statistics(&self) -> Result<StoreStatistics, StoreError> {
+        let state = self.lock();
+        Ok(StoreStatistics {
+            total_rollouts: state.entries.len() as u64,
+            total_attempts: state.total_attempts,
+            total_spans: state.total_spans,
+            total_resources: state.resources.len() as u64,
+            total_workers: state.workers.len() as u64,
+            uptime: self.started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance;
+
+    fn store() -> InMemoryLightningStore {
+        InMemoryLightningStore::with_scan_debounce_seconds(0.0)
+    }
+
+    macro_rules! conformance_tests {
+        ($($name:ident),+ $(,)?) => {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let s = store();
+                    if let Err(e) = conformance::$name(&s).await {
+                        panic!("{}: {e}", stringify!($name));
+                    }
+                }
+            )+
+        };
+    }
+
+    conformance_tests!(
+        happy_path,
+        retry_then_fail,
+        timeout_watchdog,
+        unresponsive_recovers,
+        wait_resolves_watchdog_timeouts,
+        duplicate_spans_dropped,
+        sequence_ids,
+        span_for_unknown_target,
+        resources_versions_and_latest,
+        wait_wakes_when_finished,
+        wait_returns_at_timeout,
+        workers_idle_busy,
+        update_rollout_requeues_and_end_time,
+        start_rollout_and_start_attempt,
+        terminal_rollouts_protected,
+        query_spans_order_and_latest,
+        query_rollouts_filters,
+        stale_queue_entries_skipped,
+        older_attempt_does_not_propagate,
+        statistics_counts,
+        invalid_inputs_rejected,
+    );
+
+    #[tokio::test]
+    async fn run_all_covers_every_case() {
+        let mut made = 0;
+        conformance::run_all(|| {
+            made += 1;
+            Box::new(store())
+        })
+        .await
+        .unwrap();
+        assert_eq!(made, conformance::CASES.len());
+    }
+
+    #[tokio::test]
+    async fn watchdog_only_visits_watched_rollouts() {
+        let s = store();
+        let plain = s
+            .enqueue_rollout(EnqueueRolloutRequest::new(serde_json::json!(1)))
+            .await
+            .unwrap();
+        s.dequeue_rollout(None).await.unwrap().unwrap();
+        let timed = s
+            .start_rollout(
+                EnqueueRolloutRequest {
+                    config: Some(agl_core::RolloutConfig {
+                        timeout_seconds: Some(60.0),
+                        ..Default::default()
+                    }),
+                    ..EnqueueRolloutRequest::new(serde_json::json!(2))
+                },
+                None,
+            )
+            .await
+            .unwrap();
+        let watched: Vec<usize> = s.lock().watched.iter().copied().collect();
+        let timed_idx = s.lock().index[&timed.rollout.rollout_id];
+        assert_eq!(watched, vec![timed_idx]);
+        assert!(!s.lock().index.is_empty() && s.lock().index.contains_key(&plain.rollout_id));
+        s.update_attempt(
+            &timed.rollout.rollout_id,
+            "latest",
+            AttemptUpdate {
+                status: Some(agl_core::AttemptStatus::Succeeded),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            s.lock().watched.is_empty(),
+            "finished rollouts leave the index"
+        );
+    }
+}

@@ -1,0 +1,208 @@
+//! The `LightningStore` trait and the value types of its operations.
+//!
+//! Responsible for the backend-independent contract of the store (what each operation takes
+//! and returns, present-versus-absent update semantics, filters, statistics). Not responsible
+//! for the lifecycle rules themselves (see [`crate::lifecycle`]) nor for any storage (see
+//! [`crate::memory`] and later backends).
+
+use std::time::Duration;
+
+use agl_core::{
+    Attempt, AttemptStatus, AttemptedRollout, EnqueueRolloutRequest, NamedResources,
+    ResourcesUpdate, Rollout, RolloutConfig, RolloutMode, RolloutStatus, Span, Worker,
+};
+use serde_json::Value;
+
+use crate::error::StoreError;
+
+/// Fields to change on an attempt (`POST /rollouts/{rid}/attempts/{aid}`). `None` = absent =
+/// unchanged. A present `status` or `worker_id` also synchronises the worker (§4.4).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttemptUpdate {
+    /// New status.
+    pub status: Option<AttemptStatus>,
+    /// New worker id.
+    pub worker_id: Option<String>,
+    /// New attempt heartbeat, Unix seconds.
+    pub last_heartbeat_time: Option<f64>,
+    /// New metadata; must be a JSON object (`null` is refused, as the Python server does).
+    pub metadata: Option<Value>,
+}
+
+/// Fields to change on a rollout (`POST /rollouts/{rid}`). The outer `None` = absent =
+/// unchanged; for the nullable fields the inner value may be `None`/`Value::Null` to clear.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RolloutUpdate {
+    /// New status (any value; `queuing`/`requeuing` re-enqueue, terminal ones set `end_time`).
+    pub status: Option<RolloutStatus>,
+    /// New mode, `Some(None)` clears it.
+    pub mode: Option<Option<RolloutMode>>,
+    /// New resources id, `Some(None)` clears it.
+    pub resources_id: Option<Option<String>>,
+    /// Replaces the whole config.
+    pub config: Option<RolloutConfig>,
+    /// New metadata: a JSON object, or `Value::Null` to set `metadata: null`.
+    pub metadata: Option<Value>,
+    /// New input (any JSON, `Value::Null` included).
+    pub input: Option<Value>,
+}
+
+/// Which rollouts [`LightningStore::query_rollouts`] returns. Conditions are ANDed; a `None`
+/// condition is ignored; `Some(vec![])` matches nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RolloutFilter {
+    /// Keep rollouts whose status is in this list.
+    pub status: Option<Vec<RolloutStatus>>,
+    /// Keep rollouts whose id is in this list.
+    pub rollout_ids: Option<Vec<String>>,
+}
+
+/// Counts reported by `GET /statistics` (JSON keys of the same names).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoreStatistics {
+    /// Number of rollouts.
+    pub total_rollouts: u64,
+    /// Number of attempts.
+    pub total_attempts: u64,
+    /// Number of stored spans (duplicates excluded).
+    pub total_spans: u64,
+    /// Number of resources ids.
+    pub total_resources: u64,
+    /// Number of workers.
+    pub total_workers: u64,
+    /// Seconds since the store was created.
+    pub uptime: f64,
+}
+
+/// The control plane of Agent Lightning: rollouts, attempts, spans, resources and workers.
+///
+/// Every backend follows the rules of [`crate::lifecycle`]; the conformance suite
+/// (`agl_store::conformance`, feature `conformance`) checks them against any implementation.
+/// Times are Unix seconds from the store's clock.
+#[async_trait::async_trait]
+pub trait LightningStore: Send + Sync {
+    /// Creates a `queuing` rollout at the tail of the queue (no attempt yet).
+    async fn enqueue_rollout(&self, request: EnqueueRolloutRequest) -> Result<Rollout, StoreError>;
+
+    /// Enqueues several rollouts; all are validated before any is created. Returned in
+    /// request order.
+    async fn enqueue_many(
+        &self,
+        requests: Vec<EnqueueRolloutRequest>,
+    ) -> Result<Vec<Rollout>, StoreError>;
+
+    /// Creates a rollout and its first attempt (`preparing`), bypassing the queue.
+    async fn start_rollout(
+        &self,
+        request: EnqueueRolloutRequest,
+        worker_id: Option<String>,
+    ) -> Result<AttemptedRollout, StoreError>;
+
+    /// Takes the first dispatchable rollout off the queue and creates its next attempt.
+    /// Non-blocking: `None` when the queue holds nothing dispatchable.
+    async fn dequeue_rollout(
+        &self,
+        worker_id: Option<&str>,
+    ) -> Result<Option<AttemptedRollout>, StoreError>;
+
+    /// Creates a new attempt for an existing rollout (manual retry; ignores `max_attempts`).
+    async fn start_attempt(
+        &self,
+        rollout_id: &str,
+        worker_id: Option<&str>,
+    ) -> Result<AttemptedRollout, StoreError>;
+
+    /// Updates an attempt (`attempt_id` may be `"latest"`) and propagates its status to the
+    /// rollout when it is the latest attempt.
+    async fn update_attempt(
+        &self,
+        rollout_id: &str,
+        attempt_id: &str,
+        update: AttemptUpdate,
+    ) -> Result<Attempt, StoreError>;
+
+    /// Updates a rollout's fields and status.
+    async fn update_rollout(
+        &self,
+        rollout_id: &str,
+        update: RolloutUpdate,
+    ) -> Result<Rollout, StoreError>;
+
+    /// The rollout, or `None` if unknown.
+    async fn get_rollout_by_id(&self, rollout_id: &str) -> Result<Option<Rollout>, StoreError>;
+
+    /// The attempt with the highest `sequence_id`, or `None` (unknown rollout or no attempt).
+    async fn get_latest_attempt(&self, rollout_id: &str) -> Result<Option<Attempt>, StoreError>;
+
+    /// Rollouts matching the filter, in creation order.
+    async fn query_rollouts(&self, filter: RolloutFilter) -> Result<Vec<Rollout>, StoreError>;
+
+    /// The rollout's attempts by `sequence_id` (empty for an unknown rollout).
+    async fn query_attempts(&self, rollout_id: &str) -> Result<Vec<Attempt>, StoreError>;
+
+    /// Issues the next span sequence id of the rollout (1, 2, …). Does not check that the
+    /// rollout exists.
+    async fn get_next_span_sequence_id(
+        &self,
+        rollout_id: &str,
+        attempt_id: &str,
+    ) -> Result<i64, StoreError>;
+
+    /// Stores a span; `Ok(None)` when a span with the same (rollout, attempt, span_id) exists
+    /// (the duplicate is dropped). Unknown rollout or attempt → `NotFound`.
+    async fn add_span(&self, span: Span) -> Result<Option<Span>, StoreError>;
+
+    /// Stores several spans (all targets checked first); returns the ones actually stored.
+    async fn add_spans(&self, spans: Vec<Span>) -> Result<Vec<Span>, StoreError>;
+
+    /// Spans of a rollout ordered by `(sequence_id, insertion order)`. `attempt_id`: `None` =
+    /// all attempts, `Some("latest")` = the latest attempt, `Some(id)` = that attempt.
+    async fn query_spans(
+        &self,
+        rollout_id: &str,
+        attempt_id: Option<&str>,
+    ) -> Result<Vec<Span>, StoreError>;
+
+    /// Stores a new resources set under a fresh `rs-…` id (version 1); it becomes the latest.
+    async fn add_resources(&self, resources: NamedResources)
+    -> Result<ResourcesUpdate, StoreError>;
+
+    /// Upserts the resources under a client-chosen id (version 1 if new, else +1); it becomes
+    /// the latest.
+    async fn update_resources(
+        &self,
+        resources_id: &str,
+        resources: NamedResources,
+    ) -> Result<ResourcesUpdate, StoreError>;
+
+    /// The resources with this id, or `None`.
+    async fn get_resources_by_id(
+        &self,
+        resources_id: &str,
+    ) -> Result<Option<ResourcesUpdate>, StoreError>;
+
+    /// The last added or updated resources, or `None`.
+    async fn get_latest_resources(&self) -> Result<Option<ResourcesUpdate>, StoreError>;
+
+    /// Waits until every listed rollout is finished (`succeeded`/`failed`/`cancelled`) or the
+    /// timeout elapses, then returns the finished ones in request order (unknown ids omitted).
+    /// `Some(Duration::ZERO)` checks once; `None` waits without limit.
+    async fn wait_for_rollouts(
+        &self,
+        rollout_ids: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Rollout>, StoreError>;
+
+    /// Upserts a worker and records a worker heartbeat (never changes its status).
+    async fn update_worker(
+        &self,
+        worker_id: &str,
+        heartbeat_stats: Option<Value>,
+    ) -> Result<Worker, StoreError>;
+
+    /// All workers, in the order they were first seen.
+    async fn query_workers(&self) -> Result<Vec<Worker>, StoreError>;
+
+    /// Entity counts and uptime.
+    async fn statistics(&self) -> Result<StoreStatistics, StoreError>;
+}
