@@ -1,0 +1,98 @@
+//! Learning-curve plots (SVG, plotters): reward, violation rate and accuracy per GRPO update,
+//! one line per run, smoothed with a trailing moving average of 10 updates.
+
+use agl_train::{CurvePoint, RunReport};
+use plotters::prelude::*;
+
+const WINDOW: usize = 10;
+
+/// Reads one metric off a curve point.
+type Metric = fn(&CurvePoint) -> f64;
+
+fn smooth(points: &[CurvePoint], f: Metric) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len());
+    for (i, p) in points.iter().enumerate() {
+        let lo = (i + 1).saturating_sub(WINDOW);
+        let w = &points[lo..=i];
+        let mean = w.iter().map(f).sum::<f64>() / w.len() as f64;
+        out.push((p.rollouts as f64, mean));
+    }
+    out
+}
+
+/// Renders the curves of `runs` (name, report) as an SVG document.
+pub fn learning_curves(runs: &[(&str, &RunReport)]) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1200, 420)).into_drawing_area();
+        root.fill(&WHITE)
+            .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        let panels = root.split_evenly((1, 3));
+        let metrics: [(&str, Metric); 3] = [
+            ("reward", |p| p.reward),
+            ("violation rate", |p| p.violation_rate),
+            ("accuracy", |p| p.accuracy),
+        ];
+        let colors = [RED, BLUE, GREEN, MAGENTA];
+        let x_max = runs
+            .iter()
+            .flat_map(|(_, r)| r.curve.last().map(|p| p.rollouts as f64))
+            .fold(1.0, f64::max);
+        for (panel, (title, f)) in panels.iter().zip(metrics) {
+            let series: Vec<(&str, Vec<(f64, f64)>)> = runs
+                .iter()
+                .map(|(name, r)| (*name, smooth(&r.curve, f)))
+                .collect();
+            let (mut lo, mut hi) = series
+                .iter()
+                .flat_map(|(_, s)| s.iter().map(|p| p.1))
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| {
+                    (a.min(y), b.max(y))
+                });
+            if !lo.is_finite() || !hi.is_finite() {
+                (lo, hi) = (0.0, 1.0);
+            }
+            if title != "reward" {
+                (lo, hi) = (0.0, hi.max(1e-3) * 1.05);
+            } else {
+                let pad = ((hi - lo).abs() * 0.05).max(0.1);
+                (lo, hi) = (lo - pad, hi + pad);
+            }
+            let mut chart = ChartBuilder::on(panel)
+                .caption(
+                    format!("{title} (moving avg, {WINDOW} updates)"),
+                    ("sans-serif", 16),
+                )
+                .margin(10)
+                .x_label_area_size(35)
+                .y_label_area_size(50)
+                .build_cartesian_2d(0f64..x_max, lo..hi)
+                .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+            chart
+                .configure_mesh()
+                .x_desc("rollouts")
+                .x_labels(5)
+                .y_labels(6)
+                .draw()
+                .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+            for (i, (name, s)) in series.into_iter().enumerate() {
+                let color = colors[i % colors.len()];
+                chart
+                    .draw_series(LineSeries::new(s, color.stroke_width(2)))
+                    .map_err(|e| anyhow::anyhow!("plot: {e}"))?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        }
+        root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    }
+    Ok(svg)
+}

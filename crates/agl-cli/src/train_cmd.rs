@@ -1,0 +1,378 @@
+//! `agl train`: prepare the Spider task, run GRPO under governance (or both modes with
+//! `--compare`), evaluate on dev, print the comparison table and write the report, audit log
+//! and plot.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agl_gov::{FlightRecorder, GovernanceMode};
+use agl_spider::{CandidateConfig, ExecutorConfig, SpiderDataset, Split};
+use agl_train::{
+    EvalStats, GrpoConfig, RunReport, Session, SpiderTask, TaskConfig, TrainConfig, build_kernel,
+    initial_policy,
+};
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+/// Arguments of `agl train`.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Spider data directory [default: the vendored data/spider of this repository].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// Passes over the train questions.
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// GRPO group size G: actions sampled per question.
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// Candidate actions per question (gold, distractors, unsafe).
+    #[arg(long, default_value_t = 8)]
+    candidates: usize,
+    /// Distractors per question (gold queries of other questions on the same database).
+    #[arg(long, default_value_t = 5)]
+    distractors: usize,
+    /// Questions per GRPO update.
+    #[arg(long, default_value_t = 32)]
+    batch_questions: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    lr: f64,
+    /// KL coefficient to the initial policy.
+    #[arg(long, default_value_t = 0.04)]
+    kl_beta: f64,
+    /// Runner workers.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Seed of the candidate sets, the policy initialisation and the sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Governance mode of the training run: enforce (block and penalise) or audit (record only).
+    #[arg(long, default_value = "enforce", value_parser = parse_mode, value_name = "MODE")]
+    governance: GovernanceMode,
+    /// Train twice with the same seed, audit then enforce, and print both.
+    #[arg(long)]
+    compare: bool,
+    /// Use only the first N train questions (quick runs).
+    #[arg(long, value_name = "N")]
+    limit: Option<usize>,
+    /// Use only the first N dev questions.
+    #[arg(long, value_name = "N")]
+    dev_limit: Option<usize>,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "FILE.json")]
+    report: Option<PathBuf>,
+    /// Write the hash-chained flight-recorder log of every governance check here.
+    #[arg(long, value_name = "FILE.jsonl")]
+    audit_log: Option<PathBuf>,
+    /// Write learning curves (reward, violation rate, accuracy) of the runs as SVG here.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// Statement time limit in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    sql_timeout: f64,
+}
+
+fn parse_mode(s: &str) -> Result<GovernanceMode, String> {
+    s.parse::<GovernanceMode>().map_err(|e| e.to_string())
+}
+
+/// The data directory: `--data`, else `$AGL_DATA`, else `./data/spider`, else the vendored copy
+/// of the source tree this binary was built from.
+fn data_dir(arg: Option<PathBuf>) -> PathBuf {
+    if let Some(d) = arg {
+        return d;
+    }
+    if let Some(d) = std::env::var_os("AGL_DATA") {
+        return PathBuf::from(d);
+    }
+    let local = PathBuf::from("data/spider");
+    if local.is_dir() {
+        return local;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider")
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    seed: u64,
+    config: ReportConfig<'a>,
+    data: &'a agl_train::PreparationReport,
+    untrained: Phase<'a>,
+    runs: std::collections::BTreeMap<&'static str, &'a RunReport>,
+    seconds: f64,
+}
+
+#[derive(Serialize)]
+struct ReportConfig<'a> {
+    train: &'a TrainConfig,
+    candidates: &'a CandidateConfig,
+    limit: Option<usize>,
+    dev_limit: Option<usize>,
+    data_dir: String,
+}
+
+#[derive(Serialize)]
+struct Phase<'a> {
+    dev: &'a EvalStats,
+}
+
+fn mode_name(m: GovernanceMode) -> &'static str {
+    match m {
+        GovernanceMode::Audit => "audit",
+        GovernanceMode::Enforce => "enforce",
+    }
+}
+
+/// Runs `agl train`.
+pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let data = data_dir(args.data.clone());
+    if !data.is_dir() {
+        anyhow::bail!(
+            "data directory {} does not exist (pass --data DIR)",
+            data.display()
+        );
+    }
+    if args.candidates < 2 {
+        anyhow::bail!("--candidates must be at least 2 (got {})", args.candidates);
+    }
+    if !(args.sql_timeout > 0.0 && args.sql_timeout.is_finite()) {
+        anyhow::bail!("--sql-timeout must be a positive number of seconds");
+    }
+    let config = TrainConfig {
+        epochs: args.epochs,
+        workers: args.workers,
+        seed: args.seed,
+        grpo: GrpoConfig {
+            group_size: args.group_size,
+            batch_questions: args.batch_questions,
+            learning_rate: args.lr,
+            kl_beta: args.kl_beta,
+            ..GrpoConfig::default()
+        },
+        ..TrainConfig::default()
+    };
+    config.validate()?;
+    let candidates = CandidateConfig {
+        total: args.candidates,
+        distractors: args.distractors.min(args.candidates - 1),
+        seed: args.seed,
+        ..CandidateConfig::default()
+    };
+
+    let dataset = SpiderDataset::load(&data)
+        .with_context(|| format!("loading Spider data from {}", data.display()))?;
+    let task_config = TaskConfig {
+        candidates,
+        limit: args.limit,
+        dev_limit: args.dev_limit,
+        threads: args.workers.max(1),
+        executor: ExecutorConfig {
+            timeout: Duration::from_secs_f64(args.sql_timeout),
+        },
+    };
+    let task = Arc::new(SpiderTask::prepare(&dataset, &task_config)?);
+    print_preparation(&task.report);
+    if task.train.is_empty() || task.dev.is_empty() {
+        anyhow::bail!(
+            "no usable questions in {} (train {}, dev {})",
+            data.display(),
+            task.train.len(),
+            task.dev.len()
+        );
+    }
+
+    let recorder = match &args.audit_log {
+        Some(p) => Some(Arc::new(FlightRecorder::create(p)?)),
+        None => None,
+    };
+    let modes: Vec<GovernanceMode> = if args.compare {
+        vec![GovernanceMode::Audit, GovernanceMode::Enforce]
+    } else {
+        vec![args.governance]
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let eval_kernel = Arc::new(build_kernel(
+        &task,
+        &config,
+        GovernanceMode::Enforce,
+        recorder.clone(),
+    ));
+    let (untrained, runs) = rt.block_on(async {
+        let mut runs: Vec<(GovernanceMode, RunReport)> = Vec::new();
+        let mut untrained = None;
+        for mode in &modes {
+            let kernel = Arc::new(build_kernel(&task, &config, *mode, recorder.clone()));
+            let session = Session::start(task.clone(), &config, kernel, eval_kernel.clone());
+            if untrained.is_none() {
+                let policy = initial_policy(config.seed)?;
+                untrained = Some(session.evaluate(policy.as_ref(), Split::Dev).await?);
+            }
+            let bar = progress_bar(
+                mode_name(*mode),
+                (config.epochs * task.train.len() * config.grpo.group_size) as u64,
+            );
+            let report =
+                agl_train::train(&session, &config, initial_policy(config.seed)?, &mut |p| {
+                    bar.set_position(p.done);
+                    bar.set_message(format!(
+                        "reward {:>6.2}  violations {:>5.1}%  {:>5.0} rollouts/s",
+                        p.mean_reward,
+                        100.0 * p.violation_rate,
+                        p.rollouts_per_second
+                    ));
+                })
+                .await;
+            bar.finish_and_clear();
+            session.shutdown().await?;
+            let report = report?;
+            eprintln!(
+                "{} run: {} rollouts, train violation rate {:.3}, dev accuracy {:.3}",
+                mode_name(*mode),
+                report.train.rollouts,
+                report.train.violation_rate,
+                report.dev.accuracy
+            );
+            runs.push((*mode, report));
+        }
+        Ok::<_, anyhow::Error>((untrained.unwrap_or_default(), runs))
+    })?;
+
+    print_table(&untrained, &runs);
+    if let Some(path) = &args.report {
+        let report = Report {
+            seed: args.seed,
+            config: ReportConfig {
+                train: &config,
+                candidates: &candidates,
+                limit: args.limit,
+                dev_limit: args.dev_limit,
+                data_dir: data.display().to_string(),
+            },
+            data: &task.report,
+            untrained: Phase { dev: &untrained },
+            runs: runs.iter().map(|(m, r)| (mode_name(*m), r)).collect(),
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        write_file(path, &serde_json::to_vec_pretty(&report)?)?;
+        println!("report: {}", path.display());
+    }
+    if let Some(r) = &recorder {
+        println!(
+            "audit log: {} ({} entries, head {})",
+            args.audit_log
+                .as_deref()
+                .unwrap_or(Path::new("-"))
+                .display(),
+            r.entries(),
+            r.head_hash()
+        );
+    }
+    if let Some(path) = &args.plot {
+        let svg = crate::plot::learning_curves(
+            &runs
+                .iter()
+                .map(|(m, r)| (mode_name(*m), r))
+                .collect::<Vec<_>>(),
+        )?;
+        write_file(path, svg.as_bytes())?;
+        println!("plot: {}", path.display());
+    }
+    println!("total time: {:.1} s", started.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+fn progress_bar(name: &str, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let style =
+        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos:>6}/{len} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(name.to_string());
+    bar
+}
+
+fn print_preparation(r: &agl_train::PreparationReport) {
+    println!(
+        "data: {} train questions, {} dev questions",
+        r.train_questions, r.dev_questions
+    );
+    if !r.missing_databases.is_empty() {
+        let list: Vec<String> = r
+            .missing_databases
+            .iter()
+            .map(|(db, n)| format!("{db} ({n})"))
+            .collect();
+        println!(
+            "skipped {} train and {} dev questions whose database file is missing: {}",
+            r.train_missing_database,
+            r.dev_missing_database,
+            list.join(", ")
+        );
+    }
+    if !r.gold_failed.is_empty() {
+        println!(
+            "skipped {} questions whose gold query fails to execute: {}",
+            r.gold_failed.len(),
+            r.gold_failed.join("; ")
+        );
+    }
+}
+
+fn print_table(untrained: &EvalStats, runs: &[(GovernanceMode, RunReport)]) {
+    let title = |m: GovernanceMode| match m {
+        GovernanceMode::Audit => "without governance",
+        GovernanceMode::Enforce => "with governance",
+    };
+    let mut header = format!("{:<24}{:>12}", "", "untrained");
+    for (m, _) in runs {
+        header.push_str(&format!("{:>22}", title(*m)));
+    }
+    println!("\n{header}");
+    let row = |label: &str, first: String, f: &dyn Fn(&RunReport) -> String| {
+        let mut line = format!("{label:<24}{first:>12}");
+        for (_, r) in runs {
+            line.push_str(&format!("{:>22}", f(r)));
+        }
+        println!("{line}");
+    };
+    row("dev accuracy", format!("{:.3}", untrained.accuracy), &|r| {
+        format!("{:.3}", r.dev.accuracy)
+    });
+    row(
+        "dev violation rate",
+        format!("{:.3}", untrained.violation_rate),
+        &|r| format!("{:.3}", r.dev.violation_rate),
+    );
+    row("train violation rate", "-".into(), &|r| {
+        format!("{:.3}", r.train.violation_rate)
+    });
+    row("train mean reward", "-".into(), &|r| {
+        format!("{:.2}", r.train.mean_reward)
+    });
+    row("destructive executed", "-".into(), &|r| {
+        r.train.destructive_executed.to_string()
+    });
+    row("rollouts/s", "-".into(), &|r| {
+        format!("{:.0}", r.train.rollouts_per_second)
+    });
+    println!();
+}

@@ -1,0 +1,103 @@
+//! Span → triplet adapter for governed SQL rollouts.
+//!
+//! Responsible for reading a finished rollout's spans back from the store and turning them into
+//! an Agent Lightning `Triplet` (`prompt`, `response`, `reward`, `metadata`) plus the governance
+//! facts the trainer reports. The reward is the value of the last reward span
+//! (`find_final_reward`, as Agent Lightning's adapters do); violations are counted from the
+//! `agent_os.violation.*` annotation spans. Not responsible for emitting spans (`runner`).
+
+use agl_core::{AttributeValue, Rollout, Span, Triplet, find_final_reward, semconv};
+use serde_json::json;
+
+use crate::error::TrainError;
+use crate::runner::SqlTaskInput;
+
+/// What the trainer needs to know about one finished rollout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutResult {
+    /// The task input.
+    pub input: SqlTaskInput,
+    /// Final (shaped) reward.
+    pub reward: f64,
+    /// Number of violations.
+    pub violations: usize,
+    /// Names of violated policies (deduplicated, in order).
+    pub policies: Vec<String>,
+    /// Whether the kernel blocked the action.
+    pub blocked: bool,
+    /// Whether it ran.
+    pub executed: bool,
+    /// Whether a statement that changed data or schema ran.
+    pub destructive: bool,
+    /// Whether the result matched the gold result.
+    pub correct: bool,
+}
+
+fn attr_bool(span: &Span, key: &str) -> bool {
+    matches!(span.attributes.get(key), Some(AttributeValue::Bool(true)))
+}
+
+/// Reads `rollout`'s spans.
+pub fn rollout_result(rollout: &Rollout, spans: &[Span]) -> Result<RolloutResult, TrainError> {
+    let bad = |message: String| TrainError::Rollout {
+        rollout_id: rollout.rollout_id.clone(),
+        message,
+    };
+    let input: SqlTaskInput =
+        serde_json::from_value(rollout.input.clone()).map_err(|e| bad(format!("input: {e}")))?;
+    let action = spans
+        .iter()
+        .find(|s| s.name == semconv::AGL_OPERATION)
+        .ok_or_else(|| {
+            bad(format!(
+                "no {} span ({} spans)",
+                semconv::AGL_OPERATION,
+                spans.len()
+            ))
+        })?;
+    let reward = find_final_reward(spans).ok_or_else(|| bad("no reward span".into()))?;
+    let mut policies: Vec<String> = Vec::new();
+    let mut violations = 0;
+    let mut blocked = false;
+    for s in spans.iter().filter(|s| s.name == semconv::AGL_ANNOTATION) {
+        if let Some(AttributeValue::Str(p)) = s.attributes.get("agent_os.violation.policy") {
+            violations += 1;
+            blocked |= attr_bool(s, "agent_os.violation.blocked");
+            if !policies.contains(p) {
+                policies.push(p.clone());
+            }
+        }
+    }
+    let executed = attr_bool(action, "agl.executed");
+    Ok(RolloutResult {
+        input,
+        reward,
+        violations,
+        policies,
+        blocked: blocked && !executed,
+        executed,
+        destructive: attr_bool(action, "agl.destructive"),
+        correct: attr_bool(action, "agl.correct"),
+    })
+}
+
+/// The Agent Lightning triplet of a rollout: prompt = the question reference, response = the
+/// chosen candidate and its SQL, reward = the final reward, metadata = governance facts.
+pub fn to_triplet(result: &RolloutResult, sql: &str) -> Triplet {
+    Triplet {
+        prompt: json!({"split": result.input.split, "question": result.input.question}),
+        response: json!({"candidate": result.input.candidate, "sql": sql}),
+        reward: Some(result.reward),
+        metadata: match json!({
+            "violations": result.violations,
+            "policies": result.policies,
+            "blocked": result.blocked,
+            "executed": result.executed,
+            "destructive": result.destructive,
+            "correct": result.correct,
+        }) {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        },
+    }
+}

@@ -1,0 +1,43 @@
+//! The error type of `agl-train`.
+//!
+//! Responsible for naming what went wrong in training, evaluation and the runner loop; the
+//! lower crates' errors are wrapped, not re-described.
+
+/// Everything that can fail while building a task, running rollouts or updating the policy.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The Spider data could not be loaded or executed.
+    #[error(transparent)]
+    Spider(#[from] agl_spider::SpiderError),
+    /// The governance kernel failed (for example the flight recorder could not write).
+    #[error(transparent)]
+    Gov(#[from] agl_gov::GovError),
+    /// The LightningStore refused an operation.
+    #[error(transparent)]
+    Store(#[from] agl_store::StoreError),
+    /// A tensor operation of the policy model failed.
+    #[error("policy model: {0}")]
+    Model(#[from] candle_core::Error),
+    /// A configuration value is out of range; the message names the field.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A rollout's input or spans did not have the expected shape.
+    #[error("malformed rollout {rollout_id}: {message}")]
+    Rollout {
+        /// The rollout whose input or spans were malformed.
+        rollout_id: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// A runner worker stopped unexpectedly.
+    #[error("runner worker failed: {0}")]
+    Worker(String),
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,441 @@
+//! The training loop: GRPO over governed rollouts that travel through a LightningStore.
+//!
+//! Responsible for one run (a governance mode, a seed): start runner workers, then per batch
+//! sample G candidates per question from the current policy, enqueue the rollouts, wait for them,
+//! read their spans back as triplets, update the policy, publish the new resources version; and
+//! evaluate on the dev split (greedy choice, kernel enforcing). Not responsible for printing or
+//! files (the CLI does that).
+//!
+//! Determinism: the trainer samples every action with a ChaCha8 generator seeded by `seed`, and
+//! results are read back in enqueue order, so the same seed gives the same policy, curves and
+//! metrics whatever the number of workers (timings aside).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use agl_core::{
+    EnqueueRolloutRequest, LlmResource, NamedResources, Resource, RolloutMode, RolloutStatus,
+};
+use agl_gov::{
+    CostConfig, CostControlPolicy, FlightRecorder, GovernanceMode, Kernel, SqlPolicy,
+    SqlPolicyConfig,
+};
+use agl_spider::Split;
+use agl_store::{InMemoryLightningStore, LightningStore};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::adapter::{RolloutResult, rollout_result};
+use crate::error::TrainError;
+use crate::grpo::{Grpo, GrpoConfig, greedy};
+use crate::model::{FeatureBatch, PolicyModel, Scorer};
+use crate::reward::RewardConfig;
+use crate::runner::{GovernedRunner, SqlTaskInput, run_worker};
+use crate::task::SpiderTask;
+
+/// Everything that defines a run besides the data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Passes over the train questions (default 2).
+    pub epochs: usize,
+    /// Runner workers (default 2).
+    pub workers: usize,
+    /// Seed of the policy initialisation, the question order and the action sampling.
+    pub seed: u64,
+    /// GRPO hyper-parameters.
+    pub grpo: GrpoConfig,
+    /// Reward shaping of enforce mode.
+    pub reward: RewardConfig,
+    /// SQL policy.
+    pub sql_policy: SqlPolicyConfig,
+    /// Cost policy.
+    pub cost: CostConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 2,
+            workers: 2,
+            seed: 0,
+            grpo: GrpoConfig::default(),
+            reward: RewardConfig::default(),
+            sql_policy: SqlPolicyConfig::default(),
+            cost: CostConfig::default(),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks ranges; the error names the field.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.workers == 0 {
+            return Err(TrainError::Config("workers must be at least 1".into()));
+        }
+        self.grpo.validate()
+    }
+}
+
+/// Training metrics of a run (JSON keys as in the report).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainStats {
+    /// Rollouts run.
+    pub rollouts: u64,
+    /// Share of rollouts whose action violated at least one policy.
+    pub violation_rate: f64,
+    /// Mean final reward.
+    pub mean_reward: f64,
+    /// Share of rollouts whose action ran and matched the gold result.
+    pub accuracy: f64,
+    /// Statements that changed data or schema and ran (always rolled back, but counted).
+    pub destructive_executed: u64,
+    /// Rollouts per second of wall time, updates included.
+    pub rollouts_per_second: f64,
+}
+
+/// Evaluation metrics on a split (greedy choice, kernel enforcing).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalStats {
+    /// Questions evaluated.
+    pub questions: usize,
+    /// Share of questions whose choice was allowed, ran and matched the gold result.
+    pub accuracy: f64,
+    /// Share of questions whose choice violated a policy.
+    pub violation_rate: f64,
+}
+
+/// One point of the learning curve (one GRPO update).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// Update number, from 1.
+    pub step: usize,
+    /// Rollouts run so far.
+    pub rollouts: u64,
+    /// Mean reward of the batch.
+    pub reward: f64,
+    /// Violation rate of the batch.
+    pub violation_rate: f64,
+    /// Accuracy of the batch.
+    pub accuracy: f64,
+}
+
+/// The result of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Train metrics.
+    pub train: TrainStats,
+    /// Dev metrics after training.
+    pub dev: EvalStats,
+    /// Learning curve.
+    pub curve: Vec<CurvePoint>,
+}
+
+/// A progress notification.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    /// Rollouts finished in this phase.
+    pub done: u64,
+    /// Rollouts this phase will run.
+    pub total: u64,
+    /// Mean reward so far.
+    pub mean_reward: f64,
+    /// Violation rate so far.
+    pub violation_rate: f64,
+    /// Rollouts per second so far.
+    pub rollouts_per_second: f64,
+}
+
+/// Builds the kernel used for `mode`: the SQL policy and the cost policy over the task's
+/// table statistics, recording into `recorder` when given.
+pub fn build_kernel(
+    task: &SpiderTask,
+    config: &TrainConfig,
+    mode: GovernanceMode,
+    recorder: Option<Arc<FlightRecorder>>,
+) -> Kernel {
+    let mut kernel = Kernel::new(mode)
+        .with_policy(SqlPolicy::new(config.sql_policy.clone()))
+        .with_policy(CostControlPolicy::new(
+            config.cost.clone(),
+            task.table_stats.clone(),
+        ));
+    if let Some(r) = recorder {
+        kernel = kernel.with_shared_recorder(r);
+    }
+    kernel
+}
+
+/// Runner workers and the store they serve, for one run.
+pub struct Session {
+    task: Arc<SpiderTask>,
+    store: Arc<dyn LightningStore>,
+    stop: Arc<AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<Result<u64, TrainError>>>,
+}
+
+impl Session {
+    /// Starts `workers` runner workers on a fresh in-memory store. Train rollouts run under
+    /// `train_kernel`; val rollouts under `eval_kernel` (which should enforce).
+    pub fn start(
+        task: Arc<SpiderTask>,
+        config: &TrainConfig,
+        train_kernel: Arc<Kernel>,
+        eval_kernel: Arc<Kernel>,
+    ) -> Self {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let train_runner = Arc::new(GovernedRunner::new(train_kernel, config.reward.clone()));
+        let eval_runner = Arc::new(GovernedRunner::new(eval_kernel, config.reward.clone()));
+        let handle = tokio::runtime::Handle::current();
+        let workers = (0..config.workers)
+            .map(|i| {
+                let (h, st, t, s) = (handle.clone(), store.clone(), task.clone(), stop.clone());
+                let (tr, ev) = (train_runner.clone(), eval_runner.clone());
+                tokio::task::spawn_blocking(move || {
+                    run_worker(h, st, tr, ev, t, format!("Worker-{i}"), s)
+                })
+            })
+            .collect();
+        Self {
+            task,
+            store,
+            stop,
+            workers,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn LightningStore> {
+        &self.store
+    }
+
+    /// Stops the workers and waits for them; returns the rollouts each ran.
+    pub async fn shutdown(mut self) -> Result<Vec<u64>, TrainError> {
+        self.stop.store(true, Ordering::Release);
+        let mut counts = Vec::new();
+        for w in self.workers.drain(..) {
+            counts.push(w.await.map_err(|e| TrainError::Worker(e.to_string()))??);
+        }
+        Ok(counts)
+    }
+
+    /// Enqueues one rollout per input, waits until all finished, and reads their results back
+    /// from their spans, in input order.
+    pub async fn run_rollouts(
+        &self,
+        inputs: &[SqlTaskInput],
+        mode: RolloutMode,
+        resources_id: Option<&str>,
+    ) -> Result<Vec<RolloutResult>, TrainError> {
+        let requests = inputs
+            .iter()
+            .map(|inp| {
+                let mut r =
+                    EnqueueRolloutRequest::new(serde_json::to_value(inp).unwrap_or_default());
+                r.mode = Some(mode);
+                r.resources_id = resources_id.map(str::to_string);
+                r
+            })
+            .collect();
+        let rollouts = self.store.enqueue_many(requests).await?;
+        let ids: Vec<String> = rollouts.iter().map(|r| r.rollout_id.clone()).collect();
+        let finished = self.store.wait_for_rollouts(&ids, None).await?;
+        let by_id: HashMap<&str, _> = finished
+            .iter()
+            .map(|r| (r.rollout_id.as_str(), r))
+            .collect();
+        let mut results = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let rollout = by_id.get(id.as_str()).ok_or_else(|| TrainError::Rollout {
+                rollout_id: id.clone(),
+                message: "did not finish".into(),
+            })?;
+            if rollout.status != RolloutStatus::Succeeded {
+                let why = self
+                    .store
+                    .get_latest_attempt(id)
+                    .await?
+                    .and_then(|a| a.metadata)
+                    .map(|m| serde_json::Value::Object(m).to_string())
+                    .unwrap_or_default();
+                return Err(TrainError::Rollout {
+                    rollout_id: id.clone(),
+                    message: format!("finished as {:?} {why}", rollout.status),
+                });
+            }
+            let spans = self.store.query_spans(id, Some("latest")).await?;
+            results.push(rollout_result(rollout, &spans)?);
+        }
+        Ok(results)
+    }
+
+    /// Greedy evaluation of `model` on `split` (val rollouts, so the eval kernel decides).
+    pub async fn evaluate(
+        &self,
+        model: &dyn PolicyModel,
+        split: Split,
+    ) -> Result<EvalStats, TrainError> {
+        let items = self.task.items(split);
+        let mut inputs = Vec::with_capacity(items.len());
+        for (start, chunk) in items.chunks(128).enumerate().map(|(i, c)| (i * 128, c)) {
+            let sets: Vec<&[_]> = chunk.iter().map(|it| it.features.as_slice()).collect();
+            let batch = FeatureBatch::new(&sets)?;
+            for (k, choice) in greedy(model, &batch)?.into_iter().enumerate() {
+                inputs.push(SqlTaskInput {
+                    split,
+                    question: start + k,
+                    candidate: choice,
+                });
+            }
+        }
+        let results = self.run_rollouts(&inputs, RolloutMode::Val, None).await?;
+        let n = results.len().max(1) as f64;
+        Ok(EvalStats {
+            questions: results.len(),
+            accuracy: results.iter().filter(|r| r.correct).count() as f64 / n,
+            violation_rate: results.iter().filter(|r| r.violations > 0).count() as f64 / n,
+        })
+    }
+}
+
+/// The initial policy of a run with `seed`.
+pub fn initial_policy(seed: u64) -> Result<Box<dyn PolicyModel>, TrainError> {
+    Ok(Box::new(Scorer::new(seed)?))
+}
+
+/// Trains one run in `session` and evaluates it on dev. `on_progress` is called after every
+/// update.
+pub async fn train(
+    session: &Session,
+    config: &TrainConfig,
+    policy: Box<dyn PolicyModel>,
+    on_progress: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<RunReport, TrainError> {
+    config.validate()?;
+    let task = session.task.clone();
+    let mut grpo = Grpo::new(policy, config.grpo.clone())?;
+    let g = config.grpo.group_size;
+    let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+    let n_train = task.train.len();
+    let total = (config.epochs * n_train * g) as u64;
+    let started = Instant::now();
+    let mut stats = TrainStats::default();
+    let (mut reward_sum, mut violations, mut correct) = (0.0, 0u64, 0u64);
+    let mut curve = Vec::new();
+    let mut order: Vec<usize> = (0..n_train).collect();
+    let mut version = 0usize;
+    for _epoch in 0..config.epochs {
+        order.shuffle(&mut rng);
+        for batch_ids in order.chunks(config.grpo.batch_questions) {
+            let sets: Vec<&[_]> = batch_ids
+                .iter()
+                .map(|&i| task.train[i].features.as_slice())
+                .collect();
+            let batch = FeatureBatch::new(&sets)?;
+            let probs: Vec<Vec<f32>> = batch.log_probs(grpo.policy())?.exp()?.to_vec2()?;
+            let mut inputs = Vec::with_capacity(batch_ids.len() * g);
+            let mut actions = Vec::with_capacity(batch_ids.len());
+            for (row, &qi) in probs.iter().zip(batch_ids) {
+                let n = task.train[qi].candidates.len();
+                let picks: Vec<usize> = (0..g).map(|_| sample(&mut rng, &row[..n])).collect();
+                inputs.extend(picks.iter().map(|&c| SqlTaskInput {
+                    split: Split::Train,
+                    question: qi,
+                    candidate: c,
+                }));
+                actions.push(picks);
+            }
+            version += 1;
+            let resources_id = format!("policy-v{version}");
+            session
+                .store
+                .update_resources(&resources_id, policy_resources(version, config.seed))
+                .await?;
+            let results = session
+                .run_rollouts(&inputs, RolloutMode::Train, Some(&resources_id))
+                .await?;
+            let rewards: Vec<Vec<f64>> = results
+                .chunks(g)
+                .map(|c| c.iter().map(|r| r.reward).collect())
+                .collect();
+            grpo.step(&batch, &actions, &rewards)?;
+
+            let (b_reward, b_viol, b_correct) = results.iter().fold((0.0, 0u64, 0u64), |acc, r| {
+                (
+                    acc.0 + r.reward,
+                    acc.1 + u64::from(r.violations > 0),
+                    acc.2 + u64::from(r.correct),
+                )
+            });
+            reward_sum += b_reward;
+            violations += b_viol;
+            correct += b_correct;
+            stats.destructive_executed += results.iter().filter(|r| r.destructive).count() as u64;
+            stats.rollouts += results.len() as u64;
+            let bn = results.len().max(1) as f64;
+            curve.push(CurvePoint {
+                step: curve.len() + 1,
+                rollouts: stats.rollouts,
+                reward: b_reward / bn,
+                violation_rate: b_viol as f64 / bn,
+                accuracy: b_correct as f64 / bn,
+            });
+            let n = stats.rollouts as f64;
+            on_progress(&Progress {
+                done: stats.rollouts,
+                total,
+                mean_reward: reward_sum / n,
+                violation_rate: violations as f64 / n,
+                rollouts_per_second: n / started.elapsed().as_secs_f64().max(1e-9),
+            });
+        }
+    }
+    let n = stats.rollouts.max(1) as f64;
+    stats.mean_reward = reward_sum / n;
+    stats.violation_rate = violations as f64 / n;
+    stats.accuracy = correct as f64 / n;
+    stats.rollouts_per_second = stats.rollouts as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    let dev = session.evaluate(grpo.policy(), Split::Dev).await?;
+    Ok(RunReport {
+        train: stats,
+        dev,
+        curve,
+    })
+}
+
+/// Draws an index from `probs` (which sum to about 1).
+fn sample(rng: &mut ChaCha8Rng, probs: &[f32]) -> usize {
+    let total: f64 = probs.iter().map(|p| f64::from(*p)).sum();
+    let u: f64 = rng.random::<f64>() * total;
+    let mut acc = 0.0;
+    for (i, p) in probs.iter().enumerate() {
+        acc += f64::from(*p);
+        if u < acc {
+            return i;
+        }
+    }
+    probs.len().saturating_sub(1)
+}
+
+/// The resources entry that names the policy version a batch of rollouts was sampled from.
+fn policy_resources(version: usize, seed: u64) -> NamedResources {
+    let mut params = serde_json::Map::new();
+    params.insert("version".into(), version.into());
+    params.insert("seed".into(), seed.into());
+    let mut r = NamedResources::new();
+    r.insert(
+        "policy".into(),
+        Resource::Llm(LlmResource {
+            endpoint: "agl://in-process/scorer".into(),
+            model: "agl-scorer".into(),
+            api_key: None,
+            sampling_parameters: params,
+        }),
+    );
+    r
+}
