@@ -8,7 +8,8 @@
 //! `score(x) = tanh(x·W1 + b1)·w2 + x·wl + c` for a feature row `x ∈ R^8200` (see `features`),
 //! `W1: [8200, 32]`, `b1: [32]`, `w2: [32, 1]`, `wl: [8200, 1]`, `c: [1]`. The policy over a
 //! question's candidates is `softmax` of their scores. Weights are initialised from a seeded
-//! ChaCha8 generator (normal, std 0.05 for `W1`, 0.01 for `w2` (a near-uniform initial policy), zeros elsewhere), so the same seed
+//! ChaCha8 generator (normal with std 0.01 for `W1` and `w2`, zeros elsewhere: the initial policy
+//! is near uniform, and hash buckets never seen in training add little noise), so the same seed
 //! gives the same initial policy on every machine. Only composed candle ops with backward passes
 //! are used (no fused softmax/norm kernels).
 
@@ -62,7 +63,7 @@ impl Scorer {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_5c0e);
         let h = Self::HIDDEN;
         let w1 = Tensor::from_vec(
-            normal(&mut rng, FEATURE_DIM * h, 0.05),
+            normal(&mut rng, FEATURE_DIM * h, 0.01),
             (FEATURE_DIM, h),
             &dev,
         )?;
