@@ -67,7 +67,10 @@ fn corrupt_json_names_the_file() {
 fn strip_timing(mut v: serde_json::Value) -> serde_json::Value {
     v.as_object_mut().unwrap().remove("seconds");
     // The worker count is part of the configuration, not of the results.
-    v["config"]["train"].as_object_mut().unwrap().remove("workers");
+    v["config"]["train"]
+        .as_object_mut()
+        .unwrap()
+        .remove("workers");
     for run in v["runs"].as_object_mut().unwrap().values_mut() {
         run["train"]
             .as_object_mut()
