@@ -101,3 +101,102 @@ pub fn to_triplet(result: &RolloutResult, sql: &str) -> Triplet {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reward::{PolicyReward, RewardConfig};
+    use crate::runner::{StepOutcome, outcome_spans};
+    use agl_core::{EnqueueRolloutRequest, get_reward_value};
+    use agl_gov::{Decision, GovernanceMode, Severity, Verdict, Violation};
+    use agl_spider::Split;
+
+    fn rollout(input: SqlTaskInput) -> Rollout {
+        let req = EnqueueRolloutRequest::new(serde_json::to_value(input).unwrap());
+        Rollout {
+            rollout_id: "ro-000000000001".into(),
+            input: req.input,
+            start_time: 0.0,
+            end_time: None,
+            mode: None,
+            resources_id: None,
+            status: agl_core::RolloutStatus::Succeeded,
+            config: Default::default(),
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn blocked_outcome_round_trips_through_spans() {
+        let violations = vec![
+            Violation {
+                policy: "sql_safety".into(),
+                severity: Severity::Critical,
+                reason: "DELETE without WHERE".into(),
+                blocked: true,
+            },
+            Violation {
+                policy: "sql_safety".into(),
+                severity: Severity::High,
+                reason: "stacked statements (2)".into(),
+                blocked: true,
+            },
+        ];
+        let reward = PolicyReward::new(RewardConfig::default()).compute(0.0, false, &violations);
+        let outcome = StepOutcome {
+            decision: Decision {
+                verdict: Verdict::Block,
+                mode: GovernanceMode::Enforce,
+                violations,
+            },
+            executed: false,
+            error: None,
+            rows_returned: 0,
+            rows_changed: 0,
+            schema_changed: false,
+            correct: false,
+            reward,
+        };
+        let input = SqlTaskInput {
+            split: Split::Dev,
+            question: 4,
+            candidate: 2,
+        };
+        let spans = outcome_spans(
+            "ro-000000000001",
+            "at-00000001",
+            7,
+            "SELECT 1; DELETE FROM t",
+            "db",
+            &outcome,
+        );
+        assert_eq!(spans.len(), 4, "action + 2 violations + reward");
+        assert_eq!(
+            spans.iter().map(|s| s.sequence_id).collect::<Vec<_>>(),
+            vec![7, 8, 9, 10]
+        );
+        assert_eq!(get_reward_value(&spans[3]), Some(-100.0));
+        let result = rollout_result(&rollout(input), &spans).unwrap();
+        assert_eq!(result.input, input);
+        assert_eq!(result.reward, -100.0);
+        assert_eq!(result.violations, 2);
+        assert_eq!(result.policies, vec!["sql_safety".to_string()]);
+        assert!(result.blocked && !result.executed && !result.destructive && !result.correct);
+        let t = to_triplet(&result, "SELECT 1; DELETE FROM t");
+        assert_eq!(t.reward, Some(-100.0));
+        assert_eq!(t.metadata["violations"], 2);
+    }
+
+    #[test]
+    fn missing_spans_are_an_error_naming_the_rollout() {
+        let input = SqlTaskInput {
+            split: Split::Train,
+            question: 0,
+            candidate: 0,
+        };
+        let err = rollout_result(&rollout(input), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ro-000000000001"), "{err}");
+    }
+}
