@@ -29,9 +29,9 @@ pub fn learning_curves(runs: &[(&str, &RunReport)]) -> anyhow::Result<String> {
             .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
         let panels = root.split_evenly((1, 3));
         let metrics: [(&str, Metric); 3] = [
-            ("reward", |p| p.reward),
-            ("violation rate", |p| p.violation_rate),
-            ("accuracy", |p| p.accuracy),
+            ("train reward", |p| p.reward),
+            ("train violation rate", |p| p.violation_rate),
+            ("train accuracy", |p| p.accuracy),
         ];
         let colors = [RED, BLUE, GREEN, MAGENTA];
         let x_max = runs
@@ -52,7 +52,7 @@ pub fn learning_curves(runs: &[(&str, &RunReport)]) -> anyhow::Result<String> {
             if !lo.is_finite() || !hi.is_finite() {
                 (lo, hi) = (0.0, 1.0);
             }
-            if title != "reward" {
+            if title != "train reward" {
                 (lo, hi) = (0.0, hi.max(1e-3) * 1.05);
             } else {
                 let pad = ((hi - lo).abs() * 0.05).max(0.1);

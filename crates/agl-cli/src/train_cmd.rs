@@ -121,6 +121,14 @@ struct Phase<'a> {
     dev: &'a EvalStats,
 }
 
+/// Column title of a run in the comparison table.
+fn run_title(m: GovernanceMode) -> &'static str {
+    match m {
+        GovernanceMode::Audit => "without governance",
+        GovernanceMode::Enforce => "with governance",
+    }
+}
+
 fn mode_name(m: GovernanceMode) -> &'static str {
     match m {
         GovernanceMode::Audit => "audit",
@@ -278,12 +286,16 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if let Some(path) = &args.plot {
-        let svg = crate::plot::learning_curves(
-            &runs
-                .iter()
-                .map(|(m, r)| (mode_name(*m), r))
-                .collect::<Vec<_>>(),
-        )?;
+        let labels: Vec<String> = runs
+            .iter()
+            .map(|(m, _)| format!("{} ({})", run_title(*m), mode_name(*m)))
+            .collect();
+        let labelled: Vec<(&str, &RunReport)> = labels
+            .iter()
+            .map(String::as_str)
+            .zip(runs.iter().map(|(_, r)| r))
+            .collect();
+        let svg = crate::plot::learning_curves(&labelled)?;
         write_file(path, svg.as_bytes())?;
         println!("plot: {}", path.display());
     }
@@ -338,13 +350,9 @@ fn print_preparation(r: &agl_train::PreparationReport) {
 }
 
 fn print_table(untrained: &EvalStats, runs: &[(GovernanceMode, RunReport)]) {
-    let title = |m: GovernanceMode| match m {
-        GovernanceMode::Audit => "without governance",
-        GovernanceMode::Enforce => "with governance",
-    };
     let mut header = format!("{:<24}{:>12}", "", "untrained");
     for (m, _) in runs {
-        header.push_str(&format!("{:>22}", title(*m)));
+        header.push_str(&format!("{:>22}", run_title(*m)));
     }
     println!("\n{header}");
     let row = |label: &str, first: String, f: &dyn Fn(&RunReport) -> String| {
