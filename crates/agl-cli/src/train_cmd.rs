@@ -25,7 +25,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Passes over the train questions.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 2)]
     epochs: usize,
     /// GRPO group size G: actions sampled per question.
     #[arg(long, default_value_t = 8)]

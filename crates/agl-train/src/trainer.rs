@@ -41,7 +41,7 @@ use crate::task::SpiderTask;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
-    /// Passes over the train questions (default 1).
+    /// Passes over the train questions (default 2).
     pub epochs: usize,
     /// Runner workers (default 2).
     pub workers: usize,
@@ -60,7 +60,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
-            epochs: 1,
+            epochs: 2,
             workers: 2,
             seed: 0,
             grpo: GrpoConfig::default(),
