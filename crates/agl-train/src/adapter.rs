@@ -143,20 +143,12 @@ mod tests {
             },
         ];
         let reward = PolicyReward::new(RewardConfig::default()).compute(0.0, false, &violations);
-        let outcome = StepOutcome {
-            decision: Decision {
-                verdict: Verdict::Block,
-                mode: GovernanceMode::Enforce,
-                violations,
-            },
-            executed: false,
-            error: None,
-            rows_returned: 0,
-            rows_changed: 0,
-            schema_changed: false,
-            correct: false,
-            reward,
-        };
+        let mut outcome = StepOutcome::not_executed(Decision {
+            verdict: Verdict::Block,
+            mode: GovernanceMode::Enforce,
+            violations,
+        });
+        outcome.reward = reward;
         let input = SqlTaskInput {
             split: Split::Dev,
             question: 4,

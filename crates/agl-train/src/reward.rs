@@ -99,6 +99,20 @@ pub struct RewardBreakdown {
     pub violations: usize,
 }
 
+impl RewardBreakdown {
+    /// The task reward alone, unshaped: what "without governance" (audit mode) trains on.
+    pub fn task_only(base: f64, violations: usize) -> Self {
+        Self {
+            final_reward: base,
+            unclamped: base,
+            base,
+            policy_penalty: 0.0,
+            bonus: 0.0,
+            violations,
+        }
+    }
+}
+
 /// Shapes rewards with governance penalties and keeps running statistics.
 ///
 /// Statistics follow Python's `get_stats()`: `violation_rate` is the fraction of calls with at

@@ -75,6 +75,22 @@ pub struct StepOutcome {
 }
 
 impl StepOutcome {
+    /// The outcome of an action that did not run: nothing returned, changed or matched, and the
+    /// unshaped task reward 0 (the runner shapes the reward once it knows how the action went).
+    pub fn not_executed(decision: Decision) -> Self {
+        let violations = decision.violations.len();
+        Self {
+            decision,
+            executed: false,
+            error: None,
+            rows_returned: 0,
+            rows_changed: 0,
+            schema_changed: false,
+            correct: false,
+            reward: RewardBreakdown::task_only(0.0, violations),
+        }
+    }
+
     /// Data or schema was changed by a statement that actually ran.
     pub fn destructive(&self) -> bool {
         self.executed && (self.rows_changed > 0 || self.schema_changed)
@@ -134,16 +150,7 @@ impl GovernedRunner {
             },
         };
         let decision = self.kernel.check(&action)?;
-        let mut out = StepOutcome {
-            decision,
-            executed: false,
-            error: None,
-            rows_returned: 0,
-            rows_changed: 0,
-            schema_changed: false,
-            correct: false,
-            reward: self.reward.compute(0.0, false, &[]),
-        };
+        let mut out = StepOutcome::not_executed(decision);
         if out.decision.executes() {
             match executor.execute(&item.question.db_id, &cand.sql) {
                 Ok(exec) => {
@@ -167,14 +174,9 @@ impl GovernedRunner {
                 self.reward
                     .compute(base, succeeded, &out.decision.violations)
             }
-            GovernanceMode::Audit => RewardBreakdown {
-                final_reward: base,
-                unclamped: base,
-                base,
-                policy_penalty: 0.0,
-                bonus: 0.0,
-                violations: out.decision.violations.len(),
-            },
+            GovernanceMode::Audit => {
+                RewardBreakdown::task_only(base, out.decision.violations.len())
+            }
         };
         Ok(out)
     }
