@@ -151,11 +151,14 @@ impl Grpo {
         self.policy.as_ref()
     }
 
-    /// One GRPO update. `actions[b]` are the candidate indices sampled for question `b` and
-    /// `rewards[b]` their rewards (same length, any G ≥ 1).
+    /// One GRPO update. `old_log_probs` (`[B, C]`) are the log-probabilities the actions were
+    /// sampled from (π_old; `batch.log_probs(self.policy())` before this step), `actions[b]` the
+    /// candidate indices sampled for question `b` and `rewards[b]` their rewards (same length,
+    /// any G ≥ 1).
     pub fn step(
         &mut self,
         batch: &FeatureBatch,
+        old_log_probs: &Tensor,
         actions: &[Vec<usize>],
         rewards: &[Vec<f64>],
     ) -> Result<StepStats, TrainError> {
@@ -204,7 +207,13 @@ impl Grpo {
         let pick = |lp: &Tensor| -> candle_core::Result<Tensor> {
             onehot.broadcast_mul(&lp.unsqueeze(1)?)?.sum(2)
         };
-        let old = pick(&batch.log_probs(self.policy.as_ref())?.detach())?;
+        if old_log_probs.dims() != [b, c] {
+            return Err(TrainError::Config(format!(
+                "grpo step: old log-probs have shape {:?}, expected [{b}, {c}]",
+                old_log_probs.dims()
+            )));
+        }
+        let old = pick(&old_log_probs.detach())?;
         let reference = pick(&batch.log_probs(self.reference.as_ref())?.detach())?;
         let eps = self.config.clip_epsilon;
         let mut stats = StepStats {
@@ -254,11 +263,6 @@ impl Grpo {
             };
         }
         Ok(stats)
-    }
-
-    /// Greedy choice (argmax probability) for each question of `batch`.
-    pub fn greedy(&self, batch: &FeatureBatch) -> Result<Vec<usize>, TrainError> {
-        greedy(self.policy.as_ref(), batch)
     }
 }
 
@@ -341,7 +345,8 @@ mod tests {
         let before = expected(&grpo);
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         for _ in 0..30 {
-            let lp: Vec<Vec<f32>> = batch.log_probs(grpo.policy()).unwrap().to_vec2().unwrap();
+            let old = batch.log_probs(grpo.policy()).unwrap();
+            let lp: Vec<Vec<f32>> = old.to_vec2().unwrap();
             let mut actions = Vec::new();
             let mut rewards = Vec::new();
             for row in &lp {
@@ -364,7 +369,7 @@ mod tests {
                 actions.push(a);
                 rewards.push(r);
             }
-            grpo.step(&batch, &actions, &rewards).unwrap();
+            grpo.step(&batch, &old, &actions, &rewards).unwrap();
         }
         let after = expected(&grpo);
         assert!(
@@ -380,9 +385,20 @@ mod tests {
         let refs: Vec<&[_]> = sets.iter().take(2).map(Vec::as_slice).collect();
         let batch = FeatureBatch::new(&refs).unwrap();
         let mut grpo = Grpo::new(Box::new(Scorer::new(5).unwrap()), GrpoConfig::default()).unwrap();
-        assert!(grpo.step(&batch, &[vec![0]], &[vec![1.0]]).is_err());
+        let old = batch.log_probs(grpo.policy()).unwrap();
+        assert!(grpo.step(&batch, &old, &[vec![0]], &[vec![1.0]]).is_err());
+        let wrong_shape = old.narrow(0, 0, 1).unwrap();
+        let err = grpo
+            .step(
+                &batch,
+                &wrong_shape,
+                &[vec![0], vec![1]],
+                &[vec![1.0], vec![0.0]],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("old log-probs"), "{err}");
         assert!(
-            grpo.step(&batch, &[vec![9], vec![0]], &[vec![1.0], vec![0.0]])
+            grpo.step(&batch, &old, &[vec![9], vec![0]], &[vec![1.0], vec![0.0]])
                 .is_err()
         );
     }

@@ -337,7 +337,9 @@ pub async fn train(
                 .map(|&i| task.train[i].features.as_slice())
                 .collect();
             let batch = FeatureBatch::new(&sets)?;
-            let probs: Vec<Vec<f32>> = batch.log_probs(grpo.policy())?.exp()?.to_vec2()?;
+            // π_old: the sampling distribution, reused by the GRPO step.
+            let old_log_probs = batch.log_probs(grpo.policy())?.detach();
+            let probs: Vec<Vec<f32>> = old_log_probs.exp()?.to_vec2()?;
             let mut inputs = Vec::with_capacity(batch_ids.len() * g);
             let mut actions = Vec::with_capacity(batch_ids.len());
             for (row, &qi) in probs.iter().zip(batch_ids) {
@@ -363,7 +365,7 @@ pub async fn train(
                 .chunks(g)
                 .map(|c| c.iter().map(|r| r.reward).collect())
                 .collect();
-            grpo.step(&batch, &actions, &rewards)?;
+            grpo.step(&batch, &old_log_probs, &actions, &rewards)?;
 
             let (b_reward, b_viol, b_correct) = results.iter().fold((0.0, 0u64, 0u64), |acc, r| {
                 (
