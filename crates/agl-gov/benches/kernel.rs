@@ -11,7 +11,7 @@ use std::hint::black_box;
 
 use agl_gov::{
     Action, CostConfig, CostControlPolicy, FlightRecorder, GovernanceMode, Kernel, Policy,
-    SqlPolicy, TableStats,
+    SqlPolicy, Subject, TableStats,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -61,7 +61,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             actions
                 .iter()
-                .map(|a| sql.check(black_box(a)).len())
+                .map(|a| sql.check(&Subject::new(black_box(a))).unwrap().len())
                 .sum::<usize>()
         })
     });
@@ -70,7 +70,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             actions
                 .iter()
-                .map(|a| cost.check(black_box(a)).len())
+                .map(|a| cost.check(&Subject::new(black_box(a))).unwrap().len())
                 .sum::<usize>()
         })
     });

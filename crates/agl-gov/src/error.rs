@@ -20,6 +20,40 @@ pub enum GovError {
     #[error("unknown governance mode `{0}`: expected one of enforce, audit")]
     UnknownMode(String),
 
+    /// A SQL dialect name was not one of `sqlite`, `mysql`, `postgres`, `generic`.
+    #[error("unknown SQL dialect `{0}`: expected one of sqlite, mysql, postgres, generic")]
+    UnknownDialect(String),
+
+    /// A verdict name was not one of `allow`, `warn`, `modify`, `block`.
+    #[error("unknown verdict `{0}`: expected one of allow, warn, modify, block")]
+    UnknownVerdict(String),
+
+    /// A signal name was not one of `SIGSTOP`, `SIGKILL`, `SIGCONT`.
+    #[error("unknown signal `{0}`: expected one of SIGSTOP, SIGKILL, SIGCONT")]
+    UnknownSignal(String),
+
+    /// A policy could not evaluate an action. The kernel turns this into a blocking violation
+    /// (fail closed) whose reason carries this message.
+    #[error("policy `{policy}` failed: {message}")]
+    PolicyFailed {
+        /// The policy's name.
+        policy: String,
+        /// What went wrong.
+        message: String,
+    },
+
+    /// A policy parameter is invalid (a regex that does not compile, a reversed range, a
+    /// negative budget, …).
+    #[error("invalid configuration of policy `{policy}`, field `{field}`: {message}")]
+    InvalidConfig {
+        /// The policy type or name.
+        policy: String,
+        /// The offending field, dotted (e.g. `arguments.amount.max`).
+        field: String,
+        /// What was wrong with it.
+        message: String,
+    },
+
     /// A SQL statement kind name could not be parsed (only the empty string is rejected;
     /// unrecognised names become [`crate::StatementKind::Other`]).
     #[error("empty SQL statement kind name")]

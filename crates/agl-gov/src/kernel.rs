@@ -1,31 +1,148 @@
-//! The [`Policy`] trait and the [`Kernel`] that runs every policy on every action.
+//! The [`Policy`] trait, the [`Subject`] a policy inspects, and the [`Kernel`] that runs every
+//! policy on every action.
 //!
-//! Responsible for the verdict rule (enforce vs audit), for telling policies what happened
-//! (`record_outcome`) and for appending one flight-recorder entry per decision. Not responsible
-//! for executing actions (the caller does that when [`Decision::executes`] is true) nor for what
-//! any individual policy checks.
+//! Responsible for the verdict rule (enforce vs audit, "block wins, then modify, then warn"),
+//! failing closed when a policy errors or panics, applying per-policy configuration
+//! ([`PolicyOptions`]), signals, telling policies what happened (`record_outcome`) and
+//! appending one flight-recorder entry per decision. Not responsible for executing actions (the
+//! caller does that when [`Decision::executes`] is true) nor for what any individual policy
+//! checks.
+//!
+//! The check is synchronous on purpose: it is CPU-bound and takes microseconds, so an async
+//! interface would only add overhead; async callers call it inline.
 
+use std::borrow::Cow;
+use std::cell::OnceCell;
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
 
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, ActionKind};
 use crate::error::GovError;
+use crate::policies::sql_text::{ParsedSql, parse_sql};
 use crate::recorder::FlightRecorder;
-use crate::types::{Action, Decision, GovernanceMode, Verdict, Violation};
+use crate::types::{
+    Decision, Effect, Finding, GovernanceMode, Severity, Signal, Verdict, Violation,
+};
+
+/// What a policy inspects: the action (possibly already rewritten by an earlier policy) and
+/// lazily computed, shared analyses of it, so that several policies looking at the same SQL
+/// parse it once.
+pub struct Subject<'a> {
+    action: Cow<'a, Action>,
+    sql: OnceCell<ParsedSql>,
+}
+
+impl fmt::Debug for Subject<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subject")
+            .field("action", &self.action)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Subject<'a> {
+    /// A subject for `action`.
+    pub fn new(action: &'a Action) -> Self {
+        Subject {
+            action: Cow::Borrowed(action),
+            sql: OnceCell::new(),
+        }
+    }
+
+    fn owned(action: Action) -> Subject<'static> {
+        Subject {
+            action: Cow::Owned(action),
+            sql: OnceCell::new(),
+        }
+    }
+
+    /// The action under check.
+    pub fn action(&self) -> &Action {
+        &self.action
+    }
+
+    /// The parsed form of the action's SQL (parsed on first use, then cached); `None` for
+    /// non-SQL actions.
+    pub fn sql(&self) -> Option<&ParsedSql> {
+        match &self.action.kind {
+            ActionKind::Sql { sql, dialect, .. } => {
+                Some(self.sql.get_or_init(|| parse_sql(sql, *dialect)))
+            }
+            _ => None,
+        }
+    }
+}
 
 /// A governance rule. Implementations must be cheap to share between threads: the kernel is
 /// used through an `Arc` by many worker threads at once.
 pub trait Policy: Send + Sync {
-    /// Stable snake_case name, copied into every [`Violation::policy`] it produces.
+    /// Stable snake_case name of the policy type (e.g. `sql_safety`); the kernel uses it as the
+    /// violation's `policy` unless [`PolicyOptions::name`] overrides it.
     fn name(&self) -> &str;
 
-    /// Inspects an action before it runs. An empty vector means "no finding".
-    /// Must never panic, whatever the input.
-    fn check(&self, action: &Action) -> Vec<Violation>;
+    /// Inspects an action before it runs. An empty vector means "no finding". Must never panic,
+    /// whatever the input (the kernel fails closed if it does).
+    ///
+    /// # Errors
+    /// Any [`GovError`] when the policy cannot decide (e.g. a Cedar request that cannot be
+    /// built); the kernel turns it into a blocking, high-severity violation (fail closed).
+    fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError>;
 
-    /// Called by the kernel after deciding, on every policy, with whether the action will
-    /// execute (`executed == decision.executes()`). Stateful policies (budgets, rate limits)
-    /// update their state here. The default does nothing.
-    fn record_outcome(&self, _action: &Action, _executed: bool) {}
+    /// Called by the kernel after deciding, on every policy, with the action that executes (the
+    /// rewrite, if any) and whether it executes (`executed == decision.executes()`). Stateful
+    /// policies (budgets, rate limits, call counts) update their state here. The default does
+    /// nothing.
+    fn record_outcome(&self, _subject: &Subject<'_>, _executed: bool) {}
+}
+
+/// Per-policy configuration applied by the kernel to every finding of that policy (the common
+/// keys of a policy file entry). JSON/YAML fields: `name`, `severity`, `penalty`, `effect`,
+/// `signal`, all optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyOptions {
+    /// Name recorded in violations instead of the policy type's name.
+    pub name: Option<String>,
+    /// Severity of every finding, replacing the policy's own.
+    pub severity: Option<Severity>,
+    /// Penalty (positive reward units) of every finding, replacing the policy's own.
+    pub penalty: Option<f64>,
+    /// Effect of every finding (e.g. `warn` to observe a policy without enforcing it). A
+    /// `modify` applied to a finding that carries no rewrite acts as `warn`.
+    pub effect: Option<Effect>,
+    /// Signal sent with every finding.
+    pub signal: Option<Signal>,
+}
+
+impl PolicyOptions {
+    fn apply(&self, mut f: Finding) -> Finding {
+        if let Some(s) = self.severity {
+            f.severity = s;
+        }
+        if let Some(p) = self.penalty {
+            f.penalty = Some(p);
+        }
+        if let Some(e) = self.effect {
+            f.effect = e;
+        }
+        if let Some(s) = self.signal {
+            f.signal = Some(s);
+        }
+        if f.effect == Effect::Modify && f.rewrite.is_none() {
+            f.effect = Effect::Warn;
+        }
+        f
+    }
+}
+
+struct Entry {
+    name: String,
+    options: PolicyOptions,
+    policy: Box<dyn Policy>,
 }
 
 /// The governance kernel: an ordered list of policies, a mode, and an optional flight recorder.
@@ -33,8 +150,10 @@ pub trait Policy: Send + Sync {
 /// `Kernel` is `Send + Sync`; share one instance through an `Arc`.
 pub struct Kernel {
     mode: GovernanceMode,
-    policies: Vec<Box<dyn Policy>>,
+    policies: Vec<Entry>,
     recorder: Option<Arc<FlightRecorder>>,
+    /// Agents (agent id, else rollout id) that were sent SIGSTOP and not yet SIGCONT.
+    stopped: Mutex<HashSet<String>>,
 }
 
 impl fmt::Debug for Kernel {
@@ -47,6 +166,9 @@ impl fmt::Debug for Kernel {
     }
 }
 
+/// Severity of the violation a failing (erroring or panicking) policy produces.
+pub const FAIL_CLOSED_SEVERITY: Severity = Severity::High;
+
 impl Kernel {
     /// A kernel with no policies (every action is allowed) and no recorder.
     pub fn new(mode: GovernanceMode) -> Self {
@@ -54,12 +176,28 @@ impl Kernel {
             mode,
             policies: Vec::new(),
             recorder: None,
+            stopped: Mutex::new(HashSet::new()),
         }
     }
 
-    /// Adds a policy; policies run in the order they were added.
-    pub fn with_policy(mut self, p: impl Policy + 'static) -> Self {
-        self.policies.push(Box::new(p));
+    /// Adds a policy with default options; policies run in the order they were added.
+    pub fn with_policy(self, p: impl Policy + 'static) -> Self {
+        self.with_policy_options(p, PolicyOptions::default())
+    }
+
+    /// Adds a policy with per-policy options.
+    pub fn with_policy_options(self, p: impl Policy + 'static, options: PolicyOptions) -> Self {
+        self.with_boxed_policy(Box::new(p), options)
+    }
+
+    /// Adds an already boxed policy with per-policy options.
+    pub fn with_boxed_policy(mut self, p: Box<dyn Policy>, options: PolicyOptions) -> Self {
+        let name = options.name.clone().unwrap_or_else(|| p.name().to_string());
+        self.policies.push(Entry {
+            name,
+            options,
+            policy: p,
+        });
         self
     }
 
@@ -75,14 +213,20 @@ impl Kernel {
         self
     }
 
+    /// The same kernel in another mode.
+    pub fn with_mode(mut self, mode: GovernanceMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
     /// The mode given at construction.
     pub fn mode(&self) -> GovernanceMode {
         self.mode
     }
 
-    /// Names of the policies, in the order they run.
+    /// Names of the policies (as recorded in violations), in the order they run.
     pub fn policy_names(&self) -> Vec<String> {
-        self.policies.iter().map(|p| p.name().to_string()).collect()
+        self.policies.iter().map(|p| p.name.clone()).collect()
     }
 
     /// The flight recorder, if one was set.
@@ -92,82 +236,181 @@ impl Kernel {
 
     /// Checks one action.
     ///
-    /// 1. Runs every policy and collects all violations, in policy order.
-    /// 2. Verdict — enforce mode: `Block` if any violation has `blocked == true`, else `Warn`
-    ///    if there is any violation, else `Allow`. Audit mode: violations are kept exactly as
-    ///    found (blocked flags included, to show what enforce would have done) but the verdict
-    ///    is `Warn` if there is any violation, else `Allow`: the action executes anyway.
-    /// 3. Calls [`Policy::record_outcome`]`(action, decision.executes())` on every policy.
-    /// 4. Appends one entry to the flight recorder, if set.
+    /// 1. Runs every policy in order on a [`Subject`]. In enforce mode a `modify` finding
+    ///    replaces the action for the policies after it (so a redaction is checked again by the
+    ///    SQL policy, say); in audit mode every policy sees the original action. A policy that
+    ///    returns an error or panics yields a blocking violation of severity
+    ///    [`FAIL_CLOSED_SEVERITY`] whose reason says so (fail closed).
+    /// 2. Applies each policy's [`PolicyOptions`] to its findings.
+    /// 3. Verdict, enforce mode: `Block` if any finding blocks, else `Modify` if any rewrote the
+    ///    action, else `Warn` if there is any finding, else `Allow`. Audit mode: findings are
+    ///    kept exactly as found (to show what enforce would have done) but the verdict is `Warn`
+    ///    if there is any, else `Allow`; nothing is rewritten and no signal is sent.
+    /// 4. Signals (enforce mode): those of the findings, deduplicated, in order. An agent that
+    ///    was sent `SIGSTOP` gets `SIGCONT` with its next decision that is not a block and has
+    ///    no `SIGSTOP`. Agents are keyed by `context.agent_id`, else `context.rollout_id`.
+    /// 5. Calls [`Policy::record_outcome`] on every policy with the action that executes.
+    /// 6. Appends one entry to the flight recorder, if set.
     ///
     /// # Errors
-    /// Only [`GovError::Io`] / [`GovError::Serialize`] when the recorder cannot write; the
-    /// policies have already been told the outcome by then.
+    /// Only errors of the flight recorder; the policies have already been told the outcome.
     pub fn check(&self, action: &Action) -> Result<Decision, GovError> {
-        let violations: Vec<Violation> =
-            self.policies.iter().flat_map(|p| p.check(action)).collect();
+        let enforce = self.mode == GovernanceMode::Enforce;
+        let mut subject = Subject::new(action);
+        let mut violations = Vec::new();
+        let mut rewritten: Option<ActionKind> = None;
+        for entry in &self.policies {
+            let findings = match catch_unwind(AssertUnwindSafe(|| entry.policy.check(&subject))) {
+                Ok(Ok(findings)) => findings,
+                Ok(Err(e)) => vec![Finding::block(
+                    FAIL_CLOSED_SEVERITY,
+                    format!("policy error, failing closed: {e}"),
+                )],
+                Err(_) => vec![Finding::block(
+                    FAIL_CLOSED_SEVERITY,
+                    "policy panicked, failing closed",
+                )],
+            };
+            for finding in findings {
+                let mut finding = entry.options.apply(finding);
+                if let (true, Effect::Modify, Some(kind)) =
+                    (enforce, finding.effect, finding.rewrite.take())
+                {
+                    let next = Action {
+                        context: subject.action().context.clone(),
+                        kind: kind.clone(),
+                    };
+                    rewritten = Some(kind);
+                    subject = Subject::owned(next);
+                }
+                violations.push(Violation::from_finding(&entry.name, &finding));
+            }
+        }
         let verdict = if violations.is_empty() {
             Verdict::Allow
-        } else if self.mode == GovernanceMode::Enforce && violations.iter().any(|v| v.blocked) {
+        } else if !enforce {
+            Verdict::Warn
+        } else if violations.iter().any(Violation::blocked) {
             Verdict::Block
+        } else if rewritten.is_some() {
+            Verdict::Modify
         } else {
             Verdict::Warn
+        };
+        if verdict != Verdict::Modify {
+            rewritten = None;
+        }
+        let signals = if enforce {
+            self.signals(action, verdict, &violations)
+        } else {
+            Vec::new()
         };
         let decision = Decision {
             verdict,
             mode: self.mode,
             violations,
+            rewritten,
+            signals,
         };
         let executes = decision.executes();
-        for p in &self.policies {
-            p.record_outcome(action, executes);
+        for entry in &self.policies {
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                entry.policy.record_outcome(&subject, executes)
+            }));
         }
         if let Some(rec) = &self.recorder {
             rec.append(action, &decision)?;
         }
         Ok(decision)
     }
+
+    fn signals(&self, action: &Action, verdict: Verdict, violations: &[Violation]) -> Vec<Signal> {
+        let mut out: Vec<Signal> = Vec::new();
+        for s in violations.iter().filter_map(|v| v.signal) {
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        let ctx = &action.context;
+        let Some(key) = ctx.agent_id.as_ref().or(ctx.rollout_id.as_ref()) else {
+            return out;
+        };
+        let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        if out.contains(&Signal::Sigstop) {
+            stopped.insert(key.clone());
+        } else if out.contains(&Signal::Sigkill) {
+            stopped.remove(key);
+        } else if verdict != Verdict::Block && stopped.remove(key) {
+            out.push(Signal::Sigcont);
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::Severity;
     use std::sync::{Arc, Mutex};
 
+    /// Returns fixed findings and remembers what it saw and was told.
     struct Fixed {
         name: &'static str,
-        findings: Vec<(Severity, bool)>,
-        outcomes: Mutex<Vec<bool>>,
+        findings: Vec<Finding>,
+        seen: Mutex<Vec<ActionKind>>,
+        outcomes: Mutex<Vec<(ActionKind, bool)>>,
     }
 
-    impl Policy for Fixed {
+    impl Policy for Arc<Fixed> {
         fn name(&self) -> &str {
             self.name
         }
-        fn check(&self, _action: &Action) -> Vec<Violation> {
-            self.findings
-                .iter()
-                .map(|&(severity, blocked)| Violation {
-                    policy: self.name.to_string(),
-                    severity,
-                    reason: "fixed".to_string(),
-                    blocked,
-                })
-                .collect()
+        fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
+            self.seen
+                .lock()
+                .unwrap()
+                .push(subject.action().kind.clone());
+            Ok(self.findings.clone())
         }
-        fn record_outcome(&self, _action: &Action, executed: bool) {
-            if let Ok(mut o) = self.outcomes.lock() {
-                o.push(executed);
-            }
+        fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
+            self.outcomes
+                .lock()
+                .unwrap()
+                .push((subject.action().kind.clone(), executed));
         }
     }
 
-    fn fixed(name: &'static str, findings: Vec<(Severity, bool)>) -> Fixed {
-        Fixed {
+    fn fixed(name: &'static str, findings: Vec<Finding>) -> Arc<Fixed> {
+        Arc::new(Fixed {
             name,
             findings,
+            seen: Mutex::new(Vec::new()),
             outcomes: Mutex::new(Vec::new()),
+        })
+    }
+
+    struct Failing(bool);
+
+    impl Policy for Failing {
+        fn name(&self) -> &str {
+            "failing"
+        }
+        #[allow(clippy::panic)]
+        fn check(&self, _subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
+            if self.0 {
+                panic!("boom");
+            }
+            Err(GovError::PolicyFailed {
+                policy: "failing".into(),
+                message: "backend unreachable".into(),
+            })
+        }
+    }
+
+    fn limited() -> ActionKind {
+        ActionKind::Sql {
+            database: "db".into(),
+            sql: "SELECT 1 LIMIT 10".into(),
+            dialect: Default::default(),
         }
     }
 
@@ -187,12 +430,20 @@ mod tests {
     }
 
     #[test]
-    fn verdict_rule_for_each_mode() {
+    fn block_wins_then_modify_then_warn_in_enforce_and_audit_only_warns() {
+        let warn = Finding::warn(Severity::Low, "w");
+        let modify = Finding::modify(Severity::Low, "m", limited());
+        let block = Finding::block(Severity::High, "b");
         let cases = [
             (vec![], Verdict::Allow, Verdict::Allow),
-            (vec![(Severity::Low, false)], Verdict::Warn, Verdict::Warn),
+            (vec![warn.clone()], Verdict::Warn, Verdict::Warn),
             (
-                vec![(Severity::Low, false), (Severity::High, true)],
+                vec![warn.clone(), modify.clone()],
+                Verdict::Modify,
+                Verdict::Warn,
+            ),
+            (
+                vec![modify.clone(), block.clone(), warn.clone()],
                 Verdict::Block,
                 Verdict::Warn,
             ),
@@ -206,26 +457,120 @@ mod tests {
                 let d = k.check(&Action::sql("db", "SELECT 1")).unwrap();
                 assert_eq!(d.verdict, expected, "mode {mode} findings {findings:?}");
                 assert_eq!(d.mode, mode);
-                // blocked flags are kept as found in both modes
-                let flags: Vec<bool> = d.violations.iter().map(|v| v.blocked).collect();
-                let want: Vec<bool> = findings.iter().map(|f| f.1).collect();
-                assert_eq!(flags, want);
+                assert_eq!(d.rewritten.is_some(), expected == Verdict::Modify);
+                // effects are kept as found in both modes
+                let effects: Vec<Effect> = d.violations.iter().map(|v| v.effect).collect();
+                let want: Vec<Effect> = findings.iter().map(|f| f.effect).collect();
+                assert_eq!(effects, want);
             }
         }
     }
 
-    struct Shared(Arc<Fixed>);
+    #[test]
+    fn a_rewrite_is_what_later_policies_see_and_what_executes() {
+        let a = fixed(
+            "a",
+            vec![Finding::modify(Severity::Low, "limit", limited())],
+        );
+        let b = fixed("b", vec![]);
+        let k = Kernel::new(GovernanceMode::Enforce)
+            .with_policy(Arc::clone(&a))
+            .with_policy(Arc::clone(&b));
+        let original = Action::sql("db", "SELECT 1");
+        let d = k.check(&original).unwrap();
+        assert_eq!(d.verdict, Verdict::Modify);
+        assert_eq!(d.rewritten, Some(limited()));
+        assert_eq!(d.effective_kind(&original.kind), Some(&limited()));
+        assert_eq!(*a.seen.lock().unwrap(), vec![original.kind.clone()]);
+        assert_eq!(*b.seen.lock().unwrap(), vec![limited()]);
+        assert_eq!(*b.outcomes.lock().unwrap(), vec![(limited(), true)]);
+    }
 
-    impl Policy for Shared {
-        fn name(&self) -> &str {
-            self.0.name()
+    #[test]
+    fn erroring_or_panicking_policies_fail_closed_and_say_so() {
+        for panics in [false, true] {
+            let k = Kernel::new(GovernanceMode::Enforce).with_policy(Failing(panics));
+            let d = k.check(&Action::sql("db", "SELECT 1")).unwrap();
+            assert_eq!(d.verdict, Verdict::Block);
+            let v = &d.violations[0];
+            assert_eq!(v.policy, "failing");
+            assert_eq!(v.severity, FAIL_CLOSED_SEVERITY);
+            assert!(v.reason.contains("failing closed"), "{}", v.reason);
+            if !panics {
+                assert!(v.reason.contains("backend unreachable"));
+            }
         }
-        fn check(&self, action: &Action) -> Vec<Violation> {
-            self.0.check(action)
+    }
+
+    #[test]
+    fn options_override_name_severity_penalty_effect_and_signal() {
+        let p = fixed("p", vec![Finding::block(Severity::Critical, "x")]);
+        let options = PolicyOptions {
+            name: Some("observer".into()),
+            severity: Some(Severity::Low),
+            penalty: Some(0.5),
+            effect: Some(Effect::Warn),
+            signal: Some(Signal::Sigkill),
+        };
+        let k = Kernel::new(GovernanceMode::Enforce).with_policy_options(p, options);
+        assert_eq!(k.policy_names(), vec!["observer"]);
+        let d = k.check(&Action::sql("db", "x")).unwrap();
+        assert_eq!(d.verdict, Verdict::Warn);
+        let v = &d.violations[0];
+        assert_eq!(
+            (v.policy.as_str(), v.severity, v.penalty, v.effect, v.signal),
+            (
+                "observer",
+                Severity::Low,
+                Some(0.5),
+                Effect::Warn,
+                Some(Signal::Sigkill)
+            )
+        );
+        assert_eq!(d.signals, vec![Signal::Sigkill]);
+        // a modify effect forced onto a finding without a rewrite acts as warn
+        let q = fixed("q", vec![Finding::warn(Severity::Low, "y")]);
+        let k = Kernel::new(GovernanceMode::Enforce).with_policy_options(
+            q,
+            PolicyOptions {
+                effect: Some(Effect::Modify),
+                ..PolicyOptions::default()
+            },
+        );
+        let d = k.check(&Action::sql("db", "x")).unwrap();
+        assert_eq!(
+            (d.verdict, d.violations[0].effect),
+            (Verdict::Warn, Effect::Warn)
+        );
+    }
+
+    #[test]
+    fn sigstop_is_followed_by_sigcont_on_the_next_unblocked_decision() {
+        struct StopFirst(Mutex<u32>);
+        impl Policy for StopFirst {
+            fn name(&self) -> &str {
+                "rate"
+            }
+            fn check(&self, _s: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
+                let mut n = self.0.lock().unwrap();
+                *n += 1;
+                Ok(if *n == 1 {
+                    vec![Finding::block(Severity::Medium, "too fast").with_signal(Signal::Sigstop)]
+                } else {
+                    vec![]
+                })
+            }
         }
-        fn record_outcome(&self, action: &Action, executed: bool) {
-            self.0.record_outcome(action, executed);
-        }
+        let k = Kernel::new(GovernanceMode::Enforce).with_policy(StopFirst(Mutex::new(0)));
+        let act = Action::sql("db", "SELECT 1").with_agent_id("agent-1");
+        assert_eq!(k.check(&act).unwrap().signals, vec![Signal::Sigstop]);
+        assert_eq!(k.check(&act).unwrap().signals, vec![Signal::Sigcont]);
+        assert!(k.check(&act).unwrap().signals.is_empty());
+        // audit mode sends nothing
+        let k = Kernel::new(GovernanceMode::Audit).with_policy(StopFirst(Mutex::new(0)));
+        let d = k.check(&act).unwrap();
+        assert!(d.signals.is_empty());
+        assert_eq!(d.violations[0].signal, Some(Signal::Sigstop));
     }
 
     #[test]
@@ -234,16 +579,23 @@ mod tests {
             (GovernanceMode::Enforce, false),
             (GovernanceMode::Audit, true),
         ] {
-            let a = Arc::new(fixed("a", vec![]));
-            let b = Arc::new(fixed("b", vec![(Severity::Critical, true)]));
+            let a = fixed("a", vec![]);
+            let b = fixed("b", vec![Finding::block(Severity::Critical, "no")]);
             let k = Kernel::new(mode)
-                .with_policy(Shared(Arc::clone(&a)))
-                .with_policy(Shared(Arc::clone(&b)));
+                .with_policy(Arc::clone(&a))
+                .with_policy(Arc::clone(&b));
             assert_eq!(k.policy_names(), vec!["a", "b"]);
-            let d = k.check(&Action::sql("db", "x")).unwrap();
+            let act = Action::sql("db", "x");
+            let d = k.check(&act).unwrap();
             assert_eq!(d.executes(), executed);
-            assert_eq!(*a.outcomes.lock().unwrap(), vec![executed]);
-            assert_eq!(*b.outcomes.lock().unwrap(), vec![executed]);
+            assert_eq!(
+                *a.outcomes.lock().unwrap(),
+                vec![(act.kind.clone(), executed)]
+            );
+            assert_eq!(
+                *b.outcomes.lock().unwrap(),
+                vec![(act.kind.clone(), executed)]
+            );
         }
     }
 }

@@ -33,16 +33,19 @@
 //! * the audit log's hash chain is actually recomputed by [`verify`], which reports the first
 //!   tampered line.
 
+mod action;
 mod error;
 mod kernel;
 pub mod policies;
 mod recorder;
 mod types;
 
+pub use action::{Action, ActionKind, Context, SqlDialect};
 pub use error::GovError;
-pub use kernel::{Kernel, Policy};
+pub use kernel::{FAIL_CLOSED_SEVERITY, Kernel, Policy, PolicyOptions, Subject};
 pub use policies::cost::COST_POLICY_NAME;
 pub use policies::sql::SQL_POLICY_NAME;
+pub use policies::sql_text::{ParsedSql, parse_sql};
 pub use policies::{
     CostConfig, CostControlPolicy, CostEstimate, SqlPolicy, SqlPolicyConfig, StatementKind,
     TableStats,
@@ -50,4 +53,4 @@ pub use policies::{
 pub use recorder::{
     BrokenEntry, FlightRecorder, GENESIS_HASH, RecordEntry, VerifyReport, verify, verify_lines,
 };
-pub use types::{Action, ActionKind, Decision, GovernanceMode, Severity, Verdict, Violation};
+pub use types::{Decision, Effect, Finding, GovernanceMode, Severity, Signal, Verdict, Violation};

@@ -43,8 +43,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::action::Action;
 use crate::error::GovError;
-use crate::types::{Action, Decision, GovernanceMode, Severity, Verdict, Violation};
+use crate::types::{Decision, GovernanceMode, Severity, Verdict, Violation};
 
 /// The `prev_hash` of the first entry: 64 ASCII zeros.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -246,7 +247,7 @@ impl FlightRecorder {
         let mut entry = RecordEntry {
             seq,
             time: now_unix_seconds(),
-            rollout_id: action.rollout_id.clone(),
+            rollout_id: action.context.rollout_id.clone(),
             action: action.clone(),
             verdict: decision.verdict,
             mode: decision.mode,
@@ -453,6 +454,8 @@ mod tests {
             verdict,
             mode: GovernanceMode::Enforce,
             violations: vec![],
+            rewritten: None,
+            signals: vec![],
         }
     }
 

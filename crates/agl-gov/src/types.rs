@@ -81,24 +81,40 @@ impl FromStr for Severity {
     }
 }
 
-/// What the kernel decided for one action. JSON form: `"allow"`, `"warn"`, `"block"`.
+/// What the kernel decided for one action. JSON form: `"allow"`, `"warn"`, `"modify"`,
+/// `"block"`.
+///
+/// Conflicts between policies resolve by "block wins, then modify, then warn".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
-    /// No policy found anything; the action executes.
+    /// No policy found anything; the action executes as given.
     Allow,
-    /// At least one finding, none blocking in effect; the action executes.
+    /// At least one finding, none blocking or rewriting in effect; the action executes as
+    /// given, the findings are recorded and penalised.
     Warn,
+    /// A policy rewrote the action (e.g. added a `LIMIT`, redacted PII); the rewritten action
+    /// ([`Decision::rewritten`]) executes instead, and the finding is recorded.
+    Modify,
     /// A blocking finding in enforce mode; the action must not execute.
     Block,
 }
 
 impl Verdict {
+    /// All verdicts, mildest first.
+    pub const ALL: [Verdict; 4] = [
+        Verdict::Allow,
+        Verdict::Warn,
+        Verdict::Modify,
+        Verdict::Block,
+    ];
+
     /// The lowercase name used in JSON.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Allow => "allow",
             Verdict::Warn => "warn",
+            Verdict::Modify => "modify",
             Verdict::Block => "block",
         }
     }
@@ -107,6 +123,167 @@ impl Verdict {
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Verdict {
+    type Err = GovError;
+
+    /// Parses `allow` / `warn` / `modify` / `block`, case-insensitive; anything else is
+    /// [`GovError::UnknownVerdict`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim();
+        Verdict::ALL
+            .into_iter()
+            .find(|v| v.as_str().eq_ignore_ascii_case(wanted))
+            .ok_or_else(|| GovError::UnknownVerdict(s.to_string()))
+    }
+}
+
+/// What a finding asks the kernel to do with the action. JSON form: `"warn"`, `"modify"`,
+/// `"block"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Effect {
+    /// Let it execute; record and penalise.
+    Warn,
+    /// Execute a rewritten action instead (the rewrite travels in [`Finding::rewrite`]).
+    Modify,
+    /// Do not execute.
+    Block,
+}
+
+impl Effect {
+    /// The lowercase name used in JSON and YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::Warn => "warn",
+            Effect::Modify => "modify",
+            Effect::Block => "block",
+        }
+    }
+}
+
+impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A control signal the kernel sends about the agent, named as the Agent OS kernel names them.
+/// JSON and YAML form: `"SIGSTOP"`, `"SIGKILL"`, `"SIGCONT"`.
+///
+/// The receiver (e.g. the governed runner) acts on it: `SIGSTOP` pauses the agent (no further
+/// actions until a `SIGCONT`), `SIGKILL` ends the rollout, `SIGCONT` resumes a paused agent. The
+/// kernel sends `SIGCONT` by itself on the first non-blocked decision for an agent it had
+/// stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Signal {
+    /// Pause the agent.
+    #[serde(rename = "SIGSTOP", alias = "sigstop")]
+    Sigstop,
+    /// End the rollout.
+    #[serde(rename = "SIGKILL", alias = "sigkill")]
+    Sigkill,
+    /// Resume a paused agent.
+    #[serde(rename = "SIGCONT", alias = "sigcont")]
+    Sigcont,
+}
+
+impl Signal {
+    /// The upper-case name: `SIGSTOP`, `SIGKILL`, `SIGCONT`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Sigstop => "SIGSTOP",
+            Signal::Sigkill => "SIGKILL",
+            Signal::Sigcont => "SIGCONT",
+        }
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Signal {
+    type Err = GovError;
+
+    /// Parses `SIGSTOP` / `SIGKILL` / `SIGCONT`, case-insensitive; anything else is
+    /// [`GovError::UnknownSignal`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim();
+        [Signal::Sigstop, Signal::Sigkill, Signal::Sigcont]
+            .into_iter()
+            .find(|v| v.as_str().eq_ignore_ascii_case(wanted))
+            .ok_or_else(|| GovError::UnknownSignal(s.to_string()))
+    }
+}
+
+/// One finding of a policy, before the kernel attaches the policy's name and configured
+/// overrides. Built by policies; see [`crate::Policy::check`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// How serious it is.
+    pub severity: Severity,
+    /// A short human sentence naming what was wrong.
+    pub reason: String,
+    /// What the policy asks for.
+    pub effect: Effect,
+    /// For [`Effect::Modify`]: the rewritten action kind to execute instead. A `Modify` finding
+    /// without a rewrite is treated as [`Effect::Warn`].
+    pub rewrite: Option<crate::ActionKind>,
+    /// Explicit reward penalty (positive magnitude); `None` means the severity's default.
+    pub penalty: Option<f64>,
+    /// A signal to send about the agent.
+    pub signal: Option<Signal>,
+}
+
+impl Finding {
+    /// A blocking finding.
+    pub fn block(severity: Severity, reason: impl Into<String>) -> Self {
+        Finding {
+            severity,
+            reason: reason.into(),
+            effect: Effect::Block,
+            rewrite: None,
+            penalty: None,
+            signal: None,
+        }
+    }
+
+    /// A warning finding.
+    pub fn warn(severity: Severity, reason: impl Into<String>) -> Self {
+        Finding {
+            effect: Effect::Warn,
+            ..Finding::block(severity, reason)
+        }
+    }
+
+    /// A finding that rewrites the action into `rewrite`.
+    pub fn modify(
+        severity: Severity,
+        reason: impl Into<String>,
+        rewrite: crate::ActionKind,
+    ) -> Self {
+        Finding {
+            effect: Effect::Modify,
+            rewrite: Some(rewrite),
+            ..Finding::block(severity, reason)
+        }
+    }
+
+    /// The same finding with effect `effect` (a policy's configured "warn or block" choice).
+    pub fn with_effect(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
+    }
+
+    /// The same finding with a signal attached.
+    pub fn with_signal(mut self, signal: Signal) -> Self {
+        self.signal = Some(signal);
+        self
     }
 }
 
@@ -153,56 +330,11 @@ impl FromStr for GovernanceMode {
     }
 }
 
-/// One action an agent wants to execute, checked by the kernel before it runs.
+/// One finding of one policy about one action, as recorded.
 ///
-/// JSON form: `{"rollout_id": "r-1" | null, "kind": {"type": "sql", "database": "...", "sql": "..."}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Action {
-    /// The rollout (episode) this action belongs to, if any; copied into the flight recorder.
-    pub rollout_id: Option<String>,
-    /// What the action does.
-    pub kind: ActionKind,
-}
-
-impl Action {
-    /// A SQL action against `database` (a database id such as a Spider `db_id`) with no
-    /// rollout id.
-    pub fn sql(database: impl Into<String>, sql: impl Into<String>) -> Self {
-        Action {
-            rollout_id: None,
-            kind: ActionKind::Sql {
-                database: database.into(),
-                sql: sql.into(),
-            },
-        }
-    }
-
-    /// The same action tagged with `rollout_id`.
-    pub fn with_rollout_id(mut self, rollout_id: impl Into<String>) -> Self {
-        self.rollout_id = Some(rollout_id.into());
-        self
-    }
-}
-
-/// The kinds of action the kernel understands. JSON: internally tagged by `"type"`
-/// (snake_case variant name).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ActionKind {
-    /// Execute SQL text (`sql`, possibly several `;`-separated statements) against the
-    /// database whose id is `database`.
-    Sql {
-        /// Database id, e.g. a Spider `db_id` such as `concert_singer`.
-        database: String,
-        /// The SQL text exactly as the agent produced it.
-        sql: String,
-    },
-}
-
-/// One finding of one policy about one action.
-///
-/// JSON form: `{"policy": "sql_safety", "severity": "critical", "reason": "...", "blocked": true}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// JSON form: `{"policy": "sql_safety", "severity": "critical", "reason": "...",
+/// "effect": "block", "penalty": 100.0 | null, "signal": "SIGKILL" | null}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Violation {
     /// Name of the policy that produced the finding (e.g. `sql_safety`, `cost_control`).
     pub policy: String,
@@ -210,26 +342,61 @@ pub struct Violation {
     pub severity: Severity,
     /// A short human sentence naming what was wrong, e.g. "DELETE without WHERE on table `singer`".
     pub reason: String,
-    /// Whether the policy wants the action blocked (honoured in enforce mode only; kept as
-    /// found in audit mode).
-    pub blocked: bool,
+    /// What the policy asked for (honoured in enforce mode; kept as found in audit mode).
+    pub effect: Effect,
+    /// Explicit reward penalty (positive magnitude, reward units) from the policy or its
+    /// configuration; `None` means the severity's default ([`Severity::default_penalty`], or
+    /// the reward configuration's table).
+    #[serde(default)]
+    pub penalty: Option<f64>,
+    /// Signal requested by the finding, if any.
+    #[serde(default)]
+    pub signal: Option<Signal>,
+}
+
+impl Violation {
+    /// Whether the policy asked for the action to be blocked.
+    pub fn blocked(&self) -> bool {
+        self.effect == Effect::Block
+    }
+
+    /// A violation from a policy's `finding` (the rewrite, if any, is dropped: it lives in
+    /// [`Decision::rewritten`]).
+    pub fn from_finding(policy: impl Into<String>, finding: &Finding) -> Self {
+        Violation {
+            policy: policy.into(),
+            severity: finding.severity,
+            reason: finding.reason.clone(),
+            effect: finding.effect,
+            penalty: finding.penalty,
+            signal: finding.signal,
+        }
+    }
 }
 
 /// The kernel's decision about one action.
 ///
-/// JSON form: `{"verdict": "block", "mode": "enforce", "violations": [...]}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// JSON form: `{"verdict": "modify", "mode": "enforce", "violations": [...],
+/// "rewritten": {"type": "sql", ...} | null, "signals": ["SIGSTOP"]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
-    /// Allow, warn or block.
+    /// Allow, warn, modify or block.
     pub verdict: Verdict,
     /// The mode the kernel was in when it decided.
     pub mode: GovernanceMode,
-    /// Every finding of every policy, in policy order.
+    /// Every finding of every policy that fired, in policy order.
     pub violations: Vec<Violation>,
+    /// When the verdict is [`Verdict::Modify`]: the action kind to execute instead of the one
+    /// submitted. `None` otherwise.
+    #[serde(default)]
+    pub rewritten: Option<crate::ActionKind>,
+    /// Signals sent about the agent, in order, without duplicates (enforce mode only).
+    #[serde(default)]
+    pub signals: Vec<Signal>,
 }
 
 impl Decision {
-    /// Whether the action may execute: every verdict except [`Verdict::Block`].
+    /// Whether the action (or its rewrite) may execute: every verdict except [`Verdict::Block`].
     pub fn executes(&self) -> bool {
         self.verdict != Verdict::Block
     }
@@ -255,6 +422,19 @@ impl Decision {
         }
         names
     }
+
+    /// The action kind that executes: the rewrite for [`Verdict::Modify`], else `original`;
+    /// `None` when blocked.
+    pub fn effective_kind<'a>(
+        &'a self,
+        original: &'a crate::ActionKind,
+    ) -> Option<&'a crate::ActionKind> {
+        match self.verdict {
+            Verdict::Block => None,
+            Verdict::Modify => Some(self.rewritten.as_ref().unwrap_or(original)),
+            Verdict::Allow | Verdict::Warn => Some(original),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -266,7 +446,9 @@ mod tests {
             policy: policy.to_string(),
             severity,
             reason: "r".to_string(),
-            blocked: true,
+            effect: Effect::Block,
+            penalty: None,
+            signal: None,
         }
     }
 
@@ -305,12 +487,17 @@ mod tests {
 
     #[test]
     fn json_forms_are_lowercase_and_tagged() {
-        let action = Action::sql("concert_singer", "SELECT 1").with_rollout_id("r-7");
-        let json = serde_json::to_value(&action).unwrap();
         assert_eq!(
-            json,
-            serde_json::json!({"rollout_id": "r-7", "kind": {"type": "sql", "database": "concert_singer", "sql": "SELECT 1"}})
+            serde_json::to_string(&Signal::Sigkill).unwrap(),
+            "\"SIGKILL\""
         );
+        assert_eq!(
+            serde_json::from_str::<Signal>("\"sigstop\"").unwrap(),
+            Signal::Sigstop
+        );
+        assert_eq!("sigcont".parse::<Signal>().unwrap(), Signal::Sigcont);
+        assert_eq!("MODIFY".parse::<Verdict>().unwrap(), Verdict::Modify);
+        assert!("stop".parse::<Signal>().is_err());
         assert_eq!(serde_json::to_string(&Verdict::Block).unwrap(), "\"block\"");
         assert_eq!(
             serde_json::to_string(&GovernanceMode::Audit).unwrap(),
@@ -333,6 +520,8 @@ mod tests {
                 violation("cost_control", Severity::Medium),
                 violation("sql_safety", Severity::Critical),
             ],
+            rewritten: None,
+            signals: vec![],
         };
         assert!(d.executes());
         assert!(d.is_violation());
@@ -343,6 +532,8 @@ mod tests {
             verdict: Verdict::Block,
             mode: GovernanceMode::Enforce,
             violations: vec![],
+            rewritten: None,
+            signals: vec![],
         };
         assert!(!clean.executes());
         assert!(!clean.is_violation());

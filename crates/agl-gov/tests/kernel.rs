@@ -205,7 +205,7 @@ proptest! {
             .check(&Action::sql("concert_singer", sql))
             .unwrap();
         // Every built-in finding asks for a block (fail closed), whatever the bytes were.
-        prop_assert!(d.violations.iter().all(|v| v.blocked));
+        prop_assert!(d.violations.iter().all(|v| v.blocked()));
     }
 
     #[test]

@@ -133,13 +133,17 @@ mod tests {
                 policy: "sql_safety".into(),
                 severity: Severity::Critical,
                 reason: "DELETE without WHERE".into(),
-                blocked: true,
+                effect: agl_gov::Effect::Block,
+                penalty: None,
+                signal: None,
             },
             Violation {
                 policy: "sql_safety".into(),
                 severity: Severity::High,
                 reason: "stacked statements (2)".into(),
-                blocked: true,
+                effect: agl_gov::Effect::Block,
+                penalty: None,
+                signal: None,
             },
         ];
         let reward = PolicyReward::new(RewardConfig::default()).compute(0.0, false, &violations);
@@ -147,6 +151,8 @@ mod tests {
             verdict: Verdict::Block,
             mode: GovernanceMode::Enforce,
             violations,
+            rewritten: None,
+            signals: vec![],
         });
         outcome.reward = reward;
         let input = SqlTaskInput {

@@ -238,7 +238,9 @@ mod tests {
             policy: "p".into(),
             severity,
             reason: "r".into(),
-            blocked: true,
+            effect: agl_gov::Effect::Block,
+            penalty: None,
+            signal: None,
         }
     }
 

@@ -142,17 +142,17 @@ impl GovernedRunner {
                     item.candidates.len()
                 ),
             })?;
-        let action = Action {
-            rollout_id: rollout_id.map(str::to_string),
-            kind: ActionKind::Sql {
-                database: item.question.db_id.clone(),
-                sql: cand.sql.clone(),
-            },
-        };
+        let mut action = Action::sql(item.question.db_id.clone(), cand.sql.clone());
+        action.context.rollout_id = rollout_id.map(str::to_string);
         let decision = self.kernel.check(&action)?;
+        // A modify verdict executes the rewritten SQL (e.g. with a LIMIT added).
+        let sql = match decision.effective_kind(&action.kind) {
+            Some(ActionKind::Sql { sql, .. }) => Some(sql.clone()),
+            _ => None,
+        };
         let mut out = StepOutcome::not_executed(decision);
-        if out.decision.executes() {
-            match executor.execute(&item.question.db_id, &cand.sql) {
+        if let Some(sql) = sql {
+            match executor.execute(&item.question.db_id, &sql) {
                 Ok(exec) => {
                     out.executed = true;
                     out.rows_returned = exec.rows_returned;
@@ -236,7 +236,11 @@ pub fn outcome_spans(
             v.severity.to_string().into(),
         );
         a.insert("agent_os.violation.reason".into(), v.reason.clone().into());
-        a.insert("agent_os.violation.blocked".into(), v.blocked.into());
+        a.insert("agent_os.violation.blocked".into(), v.blocked().into());
+        a.insert(
+            "agent_os.violation.effect".into(),
+            v.effect.as_str().to_string().into(),
+        );
         spans.push(Span::new(
             rollout_id,
             attempt_id,

@@ -51,10 +51,12 @@ use sqlparser::ast::{
     TableFactor, TableWithJoins, UpdateTableFromKind, Visit, Visitor,
 };
 
-use super::{name_parts, parse_sqlite};
+use super::name_parts;
+use super::sql_text::parse_sql;
+use crate::action::{ActionKind, SqlDialect};
 use crate::error::GovError;
-use crate::kernel::Policy;
-use crate::types::{Action, ActionKind, Severity, Violation};
+use crate::kernel::{Policy, Subject};
+use crate::types::{Finding, Severity};
 
 /// Name of this policy in violations: `cost_control`.
 pub const COST_POLICY_NAME: &str = "cost_control";
@@ -183,7 +185,8 @@ impl CostControlPolicy {
             .ok_or_else(|| GovError::UnknownDatabase {
                 database: database.to_string(),
             })?;
-        let statements = parse_sqlite(sql).map_err(|e| GovError::SqlParse {
+        let parsed = parse_sql(sql, SqlDialect::Sqlite);
+        let statements = parsed.statements().map_err(|e| GovError::SqlParse {
             message: e.to_string(),
         })?;
         let mut est = Estimator {
@@ -200,13 +203,8 @@ impl CostControlPolicy {
         })
     }
 
-    fn violation(severity: Severity, reason: String) -> Violation {
-        Violation {
-            policy: COST_POLICY_NAME.to_string(),
-            severity,
-            reason,
-            blocked: true,
-        }
+    fn violation(severity: Severity, reason: String) -> Finding {
+        Finding::block(severity, reason)
     }
 }
 
@@ -215,15 +213,17 @@ impl Policy for CostControlPolicy {
         COST_POLICY_NAME
     }
 
-    fn check(&self, action: &Action) -> Vec<Violation> {
-        let ActionKind::Sql { database, sql } = &action.kind;
+    fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
+        let ActionKind::Sql { database, sql, .. } = &subject.action().kind else {
+            return Ok(Vec::new());
+        };
         let est = match self.estimate(database, sql) {
             Ok(est) => est,
             Err(e @ GovError::UnknownDatabase { .. }) => {
-                return vec![Self::violation(Severity::Medium, e.to_string())];
+                return Ok(vec![Self::violation(Severity::Medium, e.to_string())]);
             }
             // Unparsable SQL is reported by sql_safety; nothing to estimate here.
-            Err(_) => return Vec::new(),
+            Err(_) => return Ok(Vec::new()),
         };
         let mut out = Vec::new();
         if est.cost_usd > self.config.max_cost_usd {
@@ -251,14 +251,16 @@ impl Policy for CostControlPolicy {
                 ));
             }
         }
-        out
+        Ok(out)
     }
 
-    fn record_outcome(&self, action: &Action, executed: bool) {
+    fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
         if !executed {
             return;
         }
-        let ActionKind::Sql { database, sql } = &action.kind;
+        let ActionKind::Sql { database, sql, .. } = &subject.action().kind else {
+            return;
+        };
         if let Ok(est) = self.estimate(database, sql) {
             let mut spent = self.spent();
             *spent = add(*spent, est.cost_usd);
@@ -567,6 +569,7 @@ mod tests {
             p.estimate("db", "SELEC oops"),
             Err(GovError::SqlParse { .. })
         ));
-        assert!(p.check(&Action::sql("db", "SELEC oops")).is_empty());
+        let action = crate::Action::sql("db", "SELEC oops");
+        assert!(p.check(&Subject::new(&action)).unwrap().is_empty());
     }
 }

@@ -6,19 +6,12 @@
 
 pub mod cost;
 pub mod sql;
+pub mod sql_text;
 
 pub use cost::{CostConfig, CostControlPolicy, CostEstimate, TableStats};
 pub use sql::{SqlPolicy, SqlPolicyConfig, StatementKind};
 
-use sqlparser::ast::{ObjectName, Statement};
-use sqlparser::dialect::SQLiteDialect;
-use sqlparser::parser::{Parser, ParserError};
-
-/// Parses `sql` with the SQLite dialect (sqlparser's default recursion limit bounds nesting,
-/// so hostile input produces an error rather than a stack overflow).
-pub(crate) fn parse_sqlite(sql: &str) -> Result<Vec<Statement>, ParserError> {
-    Parser::parse_sql(&SQLiteDialect {}, sql)
-}
+use sqlparser::ast::ObjectName;
 
 /// The identifier parts of an object name (quotes removed), e.g. `["main", "singer"]`.
 pub(crate) fn name_parts(name: &ObjectName) -> Vec<&str> {

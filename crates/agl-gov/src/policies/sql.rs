@@ -36,10 +36,12 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use sqlparser::ast::{FromTable, Statement, TableFactor, TableObject, visit_statements};
 
-use super::{display_name, parse_sqlite};
+use super::display_name;
+use super::sql_text::{ParsedSql, parse_sql};
+use crate::action::SqlDialect;
 use crate::error::GovError;
-use crate::kernel::Policy;
-use crate::types::{Action, ActionKind, Severity, Violation};
+use crate::kernel::{Policy, Subject};
+use crate::types::{Finding, Severity};
 
 /// Name of this policy in violations: `sql_safety`.
 pub const SQL_POLICY_NAME: &str = "sql_safety";
@@ -204,24 +206,25 @@ impl SqlPolicy {
     /// # Errors
     /// [`GovError::SqlParse`] when `sql` does not parse.
     pub fn classify(sql: &str) -> Result<Vec<StatementKind>, GovError> {
-        let statements = parse_sqlite(sql).map_err(|e| GovError::SqlParse {
+        let parsed = parse_sql(sql, SqlDialect::Sqlite);
+        let statements = parsed.statements().map_err(|e| GovError::SqlParse {
             message: e.to_string(),
         })?;
-        Ok(classify_all(&statements)
+        Ok(classify_all(statements)
             .into_iter()
             .map(|c| c.kind)
             .collect())
     }
 
-    /// Checks SQL text directly (what [`Policy::check`] does for a SQL action).
-    pub fn check_sql(&self, sql: &str) -> Vec<Violation> {
-        let violation = |severity: Severity, reason: String| Violation {
-            policy: SQL_POLICY_NAME.to_string(),
-            severity,
-            reason,
-            blocked: true,
-        };
-        let statements = match parse_sqlite(sql) {
+    /// Checks SQLite SQL text directly (what [`Policy::check`] does for a SQL action).
+    pub fn check_sql(&self, sql: &str) -> Vec<Finding> {
+        self.check_parsed(&parse_sql(sql, SqlDialect::Sqlite))
+    }
+
+    /// Checks already parsed SQL.
+    pub fn check_parsed(&self, parsed: &ParsedSql) -> Vec<Finding> {
+        let violation = Finding::block;
+        let statements = match parsed.statements() {
             Ok(s) => s,
             Err(e) => {
                 return vec![violation(
@@ -237,7 +240,7 @@ impl SqlPolicy {
             )];
         }
         let mut out = Vec::new();
-        for c in classify_all(&statements) {
+        for c in classify_all(statements) {
             if !self.config.is_denied(&c.kind) {
                 continue;
             }
@@ -269,11 +272,21 @@ impl Policy for SqlPolicy {
         SQL_POLICY_NAME
     }
 
-    fn check(&self, action: &Action) -> Vec<Violation> {
-        match &action.kind {
-            ActionKind::Sql { sql, .. } => self.check_sql(sql),
-        }
+    fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
+        Ok(subject
+            .sql()
+            .map(|parsed| self.check_parsed(parsed))
+            .unwrap_or_default())
     }
+}
+
+/// The kinds of every statement node in `statements` (outer before nested), as this policy
+/// classifies them; used by other policies (e.g. Cedar's `statement_kinds` context).
+pub fn statement_kinds(statements: &[Statement]) -> Vec<StatementKind> {
+    classify_all(statements)
+        .into_iter()
+        .map(|c| c.kind)
+        .collect()
 }
 
 fn classify_all(statements: &[Statement]) -> Vec<Classified> {
@@ -488,7 +501,8 @@ mod tests {
 
     #[test]
     fn variant_names_are_snake_case() {
-        let stmts = parse_sqlite("BEGIN").unwrap();
+        let parsed = parse_sql("BEGIN", SqlDialect::Sqlite);
+        let stmts = parsed.statements().unwrap().to_vec();
         assert_eq!(variant_name(&stmts[0]), "start_transaction");
     }
 
