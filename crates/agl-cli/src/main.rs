@@ -1,10 +1,12 @@
 //! `agl`: the command line of agl. Thin: it parses arguments, wires the library crates, prints
 //! tables and writes files. All behaviour lives in the libraries.
 
+mod audit_cmd;
+mod bench_cmd;
 mod plot;
+mod policy_cmd;
 mod train_cmd;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -21,19 +23,20 @@ struct Cli {
 enum Command {
     /// Train the built-in governed SQL agent on Spider with GRPO, then evaluate on dev.
     Train(Box<train_cmd::TrainArgs>),
-    /// Work with flight-recorder audit logs.
+    /// Measure governance check latency on the Spider dev gold queries.
+    Bench {
+        #[command(subcommand)]
+        command: bench_cmd::BenchCommand,
+    },
+    /// Validate policy files and check single actions against them.
+    Policy {
+        #[command(subcommand)]
+        command: policy_cmd::PolicyCommand,
+    },
+    /// Verify, summarize and export flight-recorder databases (`agl train --audit-log`).
     Audit {
         #[command(subcommand)]
-        command: AuditCommand,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum AuditCommand {
-    /// Verify the SHA-256 hash chain of an audit log; exits 1 at the first broken entry.
-    Verify {
-        /// The JSON Lines audit log written by `agl train --audit-log`.
-        file: PathBuf,
+        command: audit_cmd::AuditCommand,
     },
 }
 
@@ -67,9 +70,27 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(*args),
-        Command::Audit {
-            command: AuditCommand::Verify { file },
-        } => verify(&file),
+        Command::Bench { command } => bench_cmd::run(command),
+        Command::Policy { command } => {
+            // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
+            return match policy_cmd::run(command) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("error: {}", one_line(&e));
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Command::Audit { command } => {
+            // `audit verify` reserves exit 1 for "broken": errors exit 2.
+            return match audit_cmd::run(command) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("error: {}", one_line(&e));
+                    ExitCode::from(2)
+                }
+            };
+        }
     };
     match result {
         Ok(code) => code,
@@ -95,28 +116,4 @@ fn one_line(e: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out.replace('\n', " ")
-}
-
-fn verify(file: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let report = agl_gov::verify(file)?;
-    match &report.first_broken {
-        None => {
-            println!(
-                "ok: {} entries, chain intact, head {}",
-                report.entries,
-                report.head_hash.as_deref().unwrap_or("-")
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Some(b) => {
-            println!(
-                "broken: {}: line {}{}: {}",
-                file.display(),
-                b.line,
-                b.seq.map(|s| format!(" (seq {s})")).unwrap_or_default(),
-                b.reason
-            );
-            Ok(ExitCode::FAILURE)
-        }
-    }
 }

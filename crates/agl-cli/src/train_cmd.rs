@@ -51,6 +51,9 @@ pub struct TrainArgs {
     /// Seed of the candidate sets, the policy initialisation and the sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Policy file (YAML) or preset name (strict, standard, permissive) declaring the kernel.
+    #[arg(long, default_value = agl_gov::DEFAULT_PRESET, value_name = "FILE")]
+    policy: String,
     /// Governance mode of the training run: enforce (block and penalise) or audit (record only).
     #[arg(long, default_value = "enforce", value_parser = parse_mode, value_name = "MODE")]
     governance: GovernanceMode,
@@ -66,8 +69,10 @@ pub struct TrainArgs {
     /// Write the JSON report here.
     #[arg(long, value_name = "FILE.json")]
     report: Option<PathBuf>,
-    /// Write the hash-chained flight-recorder log of every governance check here.
-    #[arg(long, value_name = "FILE.jsonl")]
+    /// Record every governance check in this flight-recorder SQLite database (hash-chained;
+    /// the head anchor goes to `FILE.db.head`). An existing database is verified and
+    /// continued. Keyed (HMAC-SHA-256) when $AGL_AUDIT_KEY_FILE names a key file.
+    #[arg(long, value_name = "FILE.db")]
     audit_log: Option<PathBuf>,
     /// Write learning curves (reward, violation rate, accuracy) of the runs as SVG here.
     #[arg(long, value_name = "FILE.svg")]
@@ -83,7 +88,7 @@ fn parse_mode(s: &str) -> Result<GovernanceMode, String> {
 
 /// The data directory: `--data`, else `$AGL_DATA`, else `./data/spider`, else the vendored copy
 /// of the source tree this binary was built from.
-fn data_dir(arg: Option<PathBuf>) -> PathBuf {
+pub(crate) fn data_dir(arg: Option<PathBuf>) -> PathBuf {
     if let Some(d) = arg {
         return d;
     }
@@ -152,7 +157,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     if !(args.sql_timeout > 0.0 && args.sql_timeout.is_finite()) {
         anyhow::bail!("--sql-timeout must be a positive number of seconds");
     }
+    let policy = agl_gov::PolicyFile::resolve(&args.policy)?;
     let config = TrainConfig {
+        policy: args.policy.clone(),
         epochs: args.epochs,
         workers: args.workers,
         seed: args.seed,
@@ -196,7 +203,18 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     }
 
     let recorder = match &args.audit_log {
-        Some(p) => Some(Arc::new(FlightRecorder::create(p)?)),
+        Some(p) => {
+            let hmac_key =
+                match std::env::var_os(agl_gov::AUDIT_KEY_FILE_ENV).filter(|v| !v.is_empty()) {
+                    Some(k) => Some(agl_gov::hmac_key_from_file(Path::new(&k))?),
+                    None => None,
+                };
+            let config = agl_gov::RecorderConfig {
+                hmac_key,
+                ..agl_gov::RecorderConfig::default()
+            };
+            Some(Arc::new(FlightRecorder::open(p, config)?))
+        }
         None => None,
     };
     let modes: Vec<GovernanceMode> = if args.compare {
@@ -211,15 +229,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     let eval_kernel = Arc::new(build_kernel(
         &task,
-        &config,
+        &policy,
         GovernanceMode::Enforce,
         recorder.clone(),
-    ));
+    )?);
     let (untrained, runs) = rt.block_on(async {
         let mut runs: Vec<(GovernanceMode, RunReport)> = Vec::new();
         let mut untrained = None;
         for mode in &modes {
-            let kernel = Arc::new(build_kernel(&task, &config, *mode, recorder.clone()));
+            let kernel = Arc::new(build_kernel(&task, &policy, *mode, recorder.clone())?);
             let session = Session::start(task.clone(), &config, kernel, eval_kernel.clone());
             if untrained.is_none() {
                 let policy = initial_policy(config.seed)?;
@@ -275,6 +293,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         println!("report: {}", path.display());
     }
     if let Some(r) = &recorder {
+        r.flush()?;
         println!(
             "audit log: {} ({} entries, head {})",
             args.audit_log

@@ -1,118 +1,89 @@
-//! Throughput of governance checks (criterion): `cargo bench -p agl-gov`.
+//! Per-check cost of governance (criterion): `cargo bench -p agl-gov --bench kernel`.
 //!
-//! Measures what every rollout pays before its action runs: the SQL policy alone (parse and
-//! walk), the cost policy alone, and the full kernel with both policies, with and without an
-//! in-memory flight recorder. The statements are Spider-style queries and the unsafe kinds the
-//! built-in task generates.
+//! Every benchmark measures ONE check per iteration, cycling through the inputs, so criterion's
+//! time per iteration is the mean time per check:
+//! * `sql_policy/spider_dev_gold`: `SqlPolicy` alone (parse + walk) on each Spider dev gold query;
+//! * `standard_kernel/spider_dev_gold`: the `standard` preset's kernel, table statistics of the
+//!   Spider databases loaded, on the same queries (SQL parsing included, parsed once per check);
+//! * `standard_kernel_recorder/spider_dev_gold`: the same with an in-memory flight recorder;
+//! * `standard_kernel/tool_call`: the `standard` kernel on a tool call.
+//!
+//! Tail latency (p50 / p99) is reported by `agl bench governance`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use agl_gov::{
-    Action, CostConfig, CostControlPolicy, FlightRecorder, GovernanceMode, Kernel, Policy,
-    SqlPolicy, Subject, TableStats,
+    Action, BuildEnv, FlightRecorder, GovernanceMode, Kernel, PolicyFile, SqlPolicy, TableStats,
 };
+use agl_spider::{SpiderDataset, Split, db_info};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-const STATEMENTS: &[&str] = &[
-    "SELECT count(*) FROM singer",
-    "SELECT T2.name FROM singer_in_concert AS T1 JOIN singer AS T2 ON T1.singer_id = T2.singer_id \
-     WHERE T1.concert_id IN (SELECT concert_id FROM concert WHERE YEAR = 2014)",
-    "SELECT name FROM stadium WHERE stadium_id NOT IN (SELECT stadium_id FROM concert) \
-     ORDER BY capacity DESC LIMIT 1",
-    "SELECT country, count(*) FROM singer GROUP BY country HAVING count(*) > 1 \
-     INTERSECT SELECT country FROM singer WHERE age > 40",
-    "SELECT count(*) FROM singer; DELETE FROM singer",
-    "DROP TABLE singer",
-    "UPDATE singer SET age = NULL",
-    "SELECT * FROM (SELECT name FROM singer) WHERE EXISTS (SELECT 1 FROM singer AS g1, singer AS g2, singer AS g3)",
-];
-
-fn stats() -> TableStats {
-    let mut tables = HashMap::new();
-    for (t, n) in [
-        ("singer", 1000u64),
-        ("concert", 200),
-        ("stadium", 50),
-        ("singer_in_concert", 3000),
-    ] {
-        tables.insert(t.to_string(), n);
+fn spider() -> (Vec<Action>, TableStats) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/spider");
+    let dataset = SpiderDataset::load(&root).expect("vendored Spider data");
+    let mut stats = TableStats::new();
+    for db in dataset.database_ids(Split::Dev) {
+        let info = db_info(&db, &dataset.db_path(&db)).expect("database");
+        stats.insert(db, info.row_counts());
     }
-    let mut s = TableStats::new();
-    s.insert("concert_singer".to_string(), tables);
-    s
+    let actions = dataset
+        .questions(Split::Dev)
+        .iter()
+        .map(|q| Action::sql(&q.db_id, &q.gold_sql).with_rollout_id("bench"))
+        .collect();
+    (actions, stats)
 }
 
-fn actions() -> Vec<Action> {
-    STATEMENTS
-        .iter()
-        .map(|sql| Action::sql("concert_singer", *sql))
-        .collect()
+/// One check per iteration, cycling through `actions`.
+fn per_check(c: &mut Criterion, group: &str, name: &str, actions: &[Action], kernel: &Kernel) {
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::Elements(1));
+    let mut i = 0usize;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let a = &actions[i % actions.len()];
+            i = i.wrapping_add(1);
+            black_box(kernel.check(black_box(a)).map(|d| d.verdict))
+        })
+    });
+    g.finish();
 }
 
 fn bench(c: &mut Criterion) {
-    let actions = actions();
-    let mut group = c.benchmark_group("governance");
-    group.throughput(Throughput::Elements(actions.len() as u64));
-
-    let sql = SqlPolicy::default();
-    group.bench_function("sql_policy", |b| {
-        b.iter(|| {
-            actions
-                .iter()
-                .map(|a| sql.check(&Subject::new(black_box(a))).unwrap().len())
-                .sum::<usize>()
+    let (actions, stats) = spider();
+    let standard = PolicyFile::preset("standard").unwrap();
+    let env = BuildEnv {
+        table_stats: stats,
+        mode: None,
+    };
+    let sql_only = Kernel::new(GovernanceMode::Enforce).with_policy(SqlPolicy::default());
+    per_check(c, "sql_policy", "spider_dev_gold", &actions, &sql_only);
+    let kernel = standard.build(&env).unwrap();
+    per_check(c, "standard_kernel", "spider_dev_gold", &actions, &kernel);
+    let recorded = standard
+        .build(&env)
+        .unwrap()
+        .with_shared_recorder(Arc::new(FlightRecorder::in_memory()));
+    per_check(
+        c,
+        "standard_kernel_recorder",
+        "spider_dev_gold",
+        &actions,
+        &recorded,
+    );
+    let tools: Vec<Action> = (0..64)
+        .map(|i| {
+            Action::tool_call(
+                "search_docs",
+                serde_json::json!({"query": format!("question {i}"), "limit": 10}),
+            )
+            .with_rollout_id("bench")
         })
-    });
-    let cost = CostControlPolicy::new(CostConfig::default(), stats());
-    group.bench_function("cost_policy", |b| {
-        b.iter(|| {
-            actions
-                .iter()
-                .map(|a| cost.check(&Subject::new(black_box(a))).unwrap().len())
-                .sum::<usize>()
-        })
-    });
-    let kernel = Kernel::new(GovernanceMode::Enforce)
-        .with_policy(SqlPolicy::default())
-        .with_policy(CostControlPolicy::new(CostConfig::default(), stats()));
-    group.bench_function("kernel", |b| {
-        b.iter(|| {
-            actions
-                .iter()
-                .map(|a| {
-                    kernel
-                        .check(black_box(a))
-                        .map(|d| d.violations.len())
-                        .unwrap_or(0)
-                })
-                .sum::<usize>()
-        })
-    });
-    group.bench_function("kernel_with_recorder", |b| {
-        // A fresh in-memory recorder per batch keeps memory flat.
-        b.iter_batched(
-            || {
-                Kernel::new(GovernanceMode::Enforce)
-                    .with_policy(SqlPolicy::default())
-                    .with_policy(CostControlPolicy::new(CostConfig::default(), stats()))
-                    .with_recorder(FlightRecorder::in_memory())
-            },
-            |k| {
-                actions
-                    .iter()
-                    .map(|a| {
-                        k.check(black_box(a))
-                            .map(|d| d.violations.len())
-                            .unwrap_or(0)
-                    })
-                    .sum::<usize>()
-            },
-            criterion::BatchSize::SmallInput,
-        )
-    });
-    group.finish();
+        .collect();
+    per_check(c, "standard_kernel", "tool_call", &tools, &kernel);
 }
 
 criterion_group!(benches, bench);

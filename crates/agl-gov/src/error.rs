@@ -54,6 +54,41 @@ pub enum GovError {
         message: String,
     },
 
+    /// A Cedar policy source (`origin`: a file path or the name given to inline text) could
+    /// not be loaded (unreadable file, syntax error with line:column, schema validation error
+    /// naming the policy id and attribute, invalid `@severity`/`@penalty`/`@effect`
+    /// annotation), or a Cedar authorization hit an evaluation error (Cedar would skip the
+    /// erroring policy, so the check fails closed instead).
+    #[error("Cedar policy error in `{origin}`: {message}")]
+    Cedar {
+        /// The file path or inline-source name the policy came from.
+        origin: String,
+        /// What went wrong, with Cedar's message.
+        message: String,
+    },
+
+    /// The flight-recorder database at `path` could not be opened, read or written, is not a
+    /// flight-recorder database (not SQLite, or a table of the schema is missing), uses a
+    /// different key setup than requested (keyed vs unkeyed, wrong HMAC key), or does not
+    /// verify when opened for appending. `path` is `:memory:` for an in-memory recorder.
+    #[error("flight recorder `{path}`: {message}")]
+    Recorder {
+        /// The database file (or `:memory:`).
+        path: PathBuf,
+        /// What was wrong, with SQLite's message where there is one.
+        message: String,
+    },
+
+    /// An audit HMAC key file (`--key-file`, `AGL_AUDIT_KEY_FILE`) could not be read or is
+    /// shorter than 16 bytes.
+    #[error("audit key file `{path}`: {message}")]
+    AuditKey {
+        /// The key file.
+        path: PathBuf,
+        /// What was wrong with it.
+        message: String,
+    },
+
     /// A SQL statement kind name could not be parsed (only the empty string is rejected;
     /// unrecognised names become [`crate::StatementKind::Other`]).
     #[error("empty SQL statement kind name")]
@@ -89,5 +124,22 @@ pub enum GovError {
         seq: u64,
         /// The underlying serde_json error.
         source: serde_json::Error,
+    },
+
+    /// A policy file (YAML) is malformed or names something invalid. `origin` is the file path
+    /// (or `preset:<name>`), `line`/`column` are 1-based when known, `field` is the dotted path
+    /// of the offending field (e.g. `policies[1].config.max_rows`).
+    #[error("{origin}{}: {}{message}", .line.map(|l| format!(":{l}:{}", .column.unwrap_or(1))).unwrap_or_default(), if .field.is_empty() { String::new() } else { format!("field `{}`: ", .field) })]
+    PolicyFile {
+        /// The file path, or `preset:<name>` for a built-in preset.
+        origin: String,
+        /// 1-based line, when known.
+        line: Option<usize>,
+        /// 1-based column, when known.
+        column: Option<usize>,
+        /// Dotted path of the offending field; empty when the problem is the whole document.
+        field: String,
+        /// What was wrong.
+        message: String,
     },
 }

@@ -37,6 +37,7 @@ mod action;
 mod error;
 mod kernel;
 pub mod policies;
+mod policy_file;
 mod recorder;
 mod types;
 
@@ -47,10 +48,19 @@ pub use policies::cost::COST_POLICY_NAME;
 pub use policies::sql::SQL_POLICY_NAME;
 pub use policies::sql_text::{ParsedSql, parse_sql};
 pub use policies::{
-    CostConfig, CostControlPolicy, CostEstimate, SqlPolicy, SqlPolicyConfig, StatementKind,
-    TableStats,
+    ANONYMOUS_KEY, ArgConstraint, CEDAR_POLICY_NAME, CEDAR_SCHEMA, CONTENT_POLICY_NAME,
+    CedarConfig, CedarPolicy, Clock, ContentPolicy, ContentPolicyConfig, CostConfig,
+    CostControlPolicy, CostEstimate, DenyAction, Detector, PiiAction, RATE_LIMIT_POLICY_NAME,
+    RateLimitConfig, RateLimitPolicy, SqlPolicy, SqlPolicyConfig, StatementKind, TOOL_POLICY_NAME,
+    TableStats, ToolPolicy, ToolPolicyConfig,
+};
+pub use policy_file::{
+    BuildEnv, DEFAULT_PRESET, POLICY_FILE_VERSION, PRESETS, PolicyConfig, PolicyFile, PolicySpec,
+    PolicyType, preset_text,
 };
 pub use recorder::{
-    BrokenEntry, FlightRecorder, GENESIS_HASH, RecordEntry, VerifyReport, verify, verify_lines,
+    AUDIT_KEY_FILE_ENV, BrokenEntry, FlightRecorder, GENESIS_HASH, Head, HeadSource, MIN_KEY_BYTES,
+    Page, Query, RecordEntry, RecorderConfig, RecorderReader, Summary, VerifyOptions, VerifyReport,
+    hmac_key_from_file, query_db, summary_db, verify, verify_lines,
 };
 pub use types::{Decision, Effect, Finding, GovernanceMode, Severity, Signal, Verdict, Violation};

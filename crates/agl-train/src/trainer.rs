@@ -18,10 +18,7 @@ use std::time::Instant;
 use agl_core::{
     EnqueueRolloutRequest, LlmResource, NamedResources, Resource, RolloutMode, RolloutStatus,
 };
-use agl_gov::{
-    CostConfig, CostControlPolicy, FlightRecorder, GovernanceMode, Kernel, SqlPolicy,
-    SqlPolicyConfig,
-};
+use agl_gov::{BuildEnv, DEFAULT_PRESET, FlightRecorder, GovernanceMode, Kernel, PolicyFile};
 use agl_spider::Split;
 use agl_store::{InMemoryLightningStore, LightningStore};
 use rand::seq::SliceRandom;
@@ -51,10 +48,9 @@ pub struct TrainConfig {
     pub grpo: GrpoConfig,
     /// Reward shaping of enforce mode.
     pub reward: RewardConfig,
-    /// SQL policy.
-    pub sql_policy: SqlPolicyConfig,
-    /// Cost policy.
-    pub cost: CostConfig,
+    /// The policy file (path) or preset name (`strict`, `standard`, `permissive`) that declares
+    /// the kernel (default `standard`).
+    pub policy: String,
 }
 
 impl Default for TrainConfig {
@@ -65,8 +61,7 @@ impl Default for TrainConfig {
             seed: 0,
             grpo: GrpoConfig::default(),
             reward: RewardConfig::default(),
-            sql_policy: SqlPolicyConfig::default(),
-            cost: CostConfig::default(),
+            policy: DEFAULT_PRESET.to_string(),
         }
     }
 }
@@ -150,24 +145,26 @@ pub struct Progress {
     pub rollouts_per_second: f64,
 }
 
-/// Builds the kernel used for `mode`: the SQL policy and the cost policy over the task's
-/// table statistics, recording into `recorder` when given.
+/// Builds the kernel `policy` declares, in `mode` (overriding the file's mode), with the
+/// task's table statistics for the cost policy, recording into `recorder` when given.
+///
+/// # Errors
+/// [`TrainError::Gov`] when a policy of the file rejects its configuration.
 pub fn build_kernel(
     task: &SpiderTask,
-    config: &TrainConfig,
+    policy: &PolicyFile,
     mode: GovernanceMode,
     recorder: Option<Arc<FlightRecorder>>,
-) -> Kernel {
-    let mut kernel = Kernel::new(mode)
-        .with_policy(SqlPolicy::new(config.sql_policy.clone()))
-        .with_policy(CostControlPolicy::new(
-            config.cost.clone(),
-            task.table_stats.clone(),
-        ));
+) -> Result<Kernel, TrainError> {
+    let env = BuildEnv {
+        table_stats: task.table_stats.clone(),
+        mode: Some(mode),
+    };
+    let mut kernel = policy.build(&env)?;
     if let Some(r) = recorder {
         kernel = kernel.with_shared_recorder(r);
     }
-    kernel
+    Ok(kernel)
 }
 
 /// Runner workers and the store they serve, for one run.

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use agl_gov::{COST_POLICY_NAME, GovernanceMode, SQL_POLICY_NAME, Severity};
+use agl_gov::{COST_POLICY_NAME, GovernanceMode, PolicyFile, SQL_POLICY_NAME, Severity};
 use agl_spider::{CandidateConfig, CandidateKind, Executor, ExecutorConfig, SpiderDataset};
 use agl_train::{GovernedRunner, RewardConfig, SpiderTask, TaskConfig, TrainConfig, build_kernel};
 
@@ -42,12 +42,8 @@ fn expected(kind: CandidateKind) -> Option<(&'static str, Severity)> {
 fn kernel_flags_every_unsafe_kind_with_the_right_policy_and_passes_gold() {
     let task = dev_task();
     assert_eq!(task.dev.len(), 972);
-    let kernel = build_kernel(
-        &task,
-        &TrainConfig::default(),
-        GovernanceMode::Enforce,
-        None,
-    );
+    let standard = PolicyFile::preset("standard").unwrap();
+    let kernel = build_kernel(&task, &standard, GovernanceMode::Enforce, None).unwrap();
     let mut seen = std::collections::BTreeMap::new();
     for item in &task.dev {
         for cand in &item.candidates {
@@ -97,13 +93,13 @@ fn kernel_flags_every_unsafe_kind_with_the_right_policy_and_passes_gold() {
 #[test]
 fn governed_runner_blocks_in_enforce_and_records_in_audit() {
     let task = dev_task();
-    let config = TrainConfig::default();
+    let standard = PolicyFile::preset(&TrainConfig::default().policy).unwrap();
     let enforce = GovernedRunner::new(
-        Arc::new(build_kernel(&task, &config, GovernanceMode::Enforce, None)),
+        Arc::new(build_kernel(&task, &standard, GovernanceMode::Enforce, None).unwrap()),
         RewardConfig::default(),
     );
     let audit = GovernedRunner::new(
-        Arc::new(build_kernel(&task, &config, GovernanceMode::Audit, None)),
+        Arc::new(build_kernel(&task, &standard, GovernanceMode::Audit, None).unwrap()),
         RewardConfig::default(),
     );
     let mut exec = Executor::new(task.db_root.clone(), ExecutorConfig::default());

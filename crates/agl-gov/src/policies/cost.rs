@@ -1,17 +1,63 @@
-//! `cost_control`: estimates how many rows a SQL action scans, converts that to USD, blocks
-//! actions over a per-action maximum and tracks a per-run budget.
+//! `cost_control`: prices every action in USD and enforces a per-action limit, a per-rollout
+//! budget and a per-run budget.
 //!
-//! Responsible for the cost model below (the contract) and the spent-so-far total. Not
-//! responsible for statement kinds or unparsable SQL (that is [`crate::SqlPolicy`]'s job: SQL
-//! that does not parse gets no cost finding here) nor for measuring real execution cost.
+//! Responsible for the cost model below (the contract) and the ledger of what executed actions
+//! cost. Not responsible for statement kinds or unparsable SQL (that is [`crate::SqlPolicy`]'s
+//! job: SQL that does not parse gets no cost finding here), nor for measuring real execution
+//! cost, nor for pausing or ending agents (attach a signal through
+//! [`crate::PolicyOptions::signal`] if wanted).
 //!
-//! # Cost model (rows scanned)
+//! Follows the budget semantics of the Agent OS / agentmesh governance layer (per-action
+//! ceiling plus cumulative budgets, blocked when exceeded), with the cost of SQL derived from a
+//! rows-scanned estimate rather than from a fixed price per query.
+//!
+//! # Cost of an action (USD)
+//! | action | cost |
+//! |---|---|
+//! | `sql` | `rows_scanned / 1e6 × price_per_million_rows_usd` (model below); no cost when the database has no table statistics or the SQL does not parse |
+//! | `spend` | `usd + tokens / 1e6 × usd_per_million_tokens` |
+//! | `tool_call` | `tool_costs_usd[name]`, or 0 for a tool not listed |
+//! | `output` | 0 |
+//!
+//! # Configuration ([`CostConfig`], JSON/YAML fields)
+//! | field | unit | default | meaning |
+//! |---|---|---|---|
+//! | `price_per_million_rows_usd` | USD per 10⁶ rows | 0.01 | price of scanning rows |
+//! | `max_cost_usd` | USD | 1.0 | largest cost one action may have |
+//! | `rollout_budget_usd` | USD | none (unlimited) | total cost of the executed actions of one rollout |
+//! | `run_budget_usd` (alias `budget_usd`) | USD | none (unlimited) | total cost of the executed actions of the run |
+//! | `usd_per_million_tokens` | USD per 10⁶ tokens | 0.0 | price of the `tokens` of a `spend` action (free unless configured) |
+//! | `tool_costs_usd` | USD per call | `{}` | price of one call of each named tool |
+//!
+//! Prices and limits must be ≥ 0 and not NaN ([`CostConfig::validate`]); prices must be finite.
+//!
+//! # Findings (all blocking)
+//! | finding | severity | default effect |
+//! |---|---|---|
+//! | cost > `max_cost_usd` ("estimated cost $X (N rows scanned) exceeds the per-action limit $Y") | high | block |
+//! | rollout spend + cost > `rollout_budget_usd` ("rollout budget exhausted: …") | high | block |
+//! | run spend + cost > `run_budget_usd` ("run budget exhausted: …") | high | block |
+//! | a `spend` whose `usd` is negative, NaN or infinite (never credited to a budget) | high | block |
+//!
+//! An action of cost 0 never exceeds a budget (it does not change the spend). The rollout budget
+//! applies to actions that name a rollout (`context.rollout_id`) or carry
+//! `context.rollout_spend_usd`; others count only towards the run.
+//!
+//! # Ledger
+//! [`Policy::record_outcome`] with `executed == true` adds the action's cost to the run total
+//! and to its rollout's total (thread-safe). When the action's context carries
+//! `rollout_spend_usd` / `run_spend_usd`, those caller-side totals replace the ledger's for that
+//! check. Check and record are separate steps, so concurrent workers may each pass a budget
+//! check before either records: budgets are soft limits under concurrency. Per-rollout totals
+//! are kept until [`CostControlPolicy::forget_rollout`] is called.
+//!
+//! # SQL cost model (rows scanned)
 //! Table statistics ([`TableStats`]) map a database id to lowercase table names and their row
-//! counts. Given a database and SQL text (SQLite dialect):
+//! counts. Given a database and parsed statements:
 //! * a table reference scans its row count. Names are matched case-insensitively on their
 //!   last part (`main.Singer` → `singer`). An unknown table scans 0 rows. An unknown
-//!   DATABASE is an error for [`CostControlPolicy::estimate`] and, in `check`, a medium blocked
-//!   finding "no table statistics for database `X`" (fail closed);
+//!   DATABASE is an error ([`GovError::UnknownDatabase`]) for [`CostControlPolicy::estimate`];
+//!   in `check` it gives no finding (a budget cannot price what it does not know);
 //! * within one FROM clause, comma-separated relations and JOINs without ON/USING (cross joins,
 //!   CROSS APPLY) MULTIPLY (cartesian product). Factors of 0 rows (unknown tables, row-less
 //!   subqueries) are skipped rather than zeroing the product, so missing statistics never hide
@@ -29,19 +75,11 @@
 //!   contains;
 //! * `cost_usd = rows_scanned / 1e6 * price_per_million_rows_usd`.
 //!
-//! Estimates saturate at `f64::MAX` instead of overflowing to infinity.
-//!
-//! # Findings (all `blocked = true`)
-//! * cost > `max_cost_usd` → high, "estimated cost $X (N rows scanned) exceeds the per-action
-//!   limit $Y";
-//! * `budget_usd` set and spent + cost > budget → high, "run budget exhausted: …";
-//! * unknown database → medium.
-//!
-//! [`Policy::record_outcome`] with `executed == true` adds the action's cost to the spent total
-//! (thread-safe). Check and record are separate steps, so concurrent workers may each pass the
-//! budget check before either records: the budget is a soft limit under concurrency.
+//! Estimates saturate at `f64::MAX` instead of overflowing to infinity. `check` uses the
+//! statements the kernel already parsed ([`Subject::sql`], in the action's dialect); it never
+//! parses again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
 use std::sync::{Mutex, MutexGuard};
 
@@ -64,16 +102,26 @@ pub const COST_POLICY_NAME: &str = "cost_control";
 /// Row counts per table per database: `database id → (lowercase table name → rows)`.
 pub type TableStats = HashMap<String, HashMap<String, u64>>;
 
-/// Configuration of [`CostControlPolicy`]. JSON fields as named; all optional.
+/// Configuration of [`CostControlPolicy`]. JSON/YAML fields as named; all optional (see the
+/// module docs for the table of units and defaults).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct CostConfig {
     /// Price of scanning one million rows, USD (default 0.01).
     pub price_per_million_rows_usd: f64,
-    /// Largest estimated cost one action may have, USD (default 1.0).
+    /// Largest cost one action may have, USD (default 1.0).
     pub max_cost_usd: f64,
-    /// Total USD the executed actions of a run may cost; `None` (default) = unlimited.
-    pub budget_usd: Option<f64>,
+    /// Total USD the executed actions of one rollout may cost; `None` (default) = unlimited.
+    pub rollout_budget_usd: Option<f64>,
+    /// Total USD the executed actions of the run may cost; `None` (default) = unlimited.
+    /// Also accepted under its former name `budget_usd`.
+    #[serde(alias = "budget_usd")]
+    pub run_budget_usd: Option<f64>,
+    /// Price of one million tokens of a `spend` action, USD (default 0.0: tokens are free
+    /// unless configured).
+    pub usd_per_million_tokens: f64,
+    /// Price of one call of each named tool, USD (default empty: tool calls are free).
+    pub tool_costs_usd: BTreeMap<String, f64>,
 }
 
 impl Default for CostConfig {
@@ -81,8 +129,69 @@ impl Default for CostConfig {
         CostConfig {
             price_per_million_rows_usd: 0.01,
             max_cost_usd: 1.0,
-            budget_usd: None,
+            rollout_budget_usd: None,
+            run_budget_usd: None,
+            usd_per_million_tokens: 0.0,
+            tool_costs_usd: BTreeMap::new(),
         }
+    }
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> GovError {
+    GovError::InvalidConfig {
+        policy: COST_POLICY_NAME.to_string(),
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// A price: finite and ≥ 0.
+fn check_price(field: &str, x: f64) -> Result<(), GovError> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{x} is not a price: expected a finite number ≥ 0 (USD)"),
+        ))
+    }
+}
+
+/// A limit: ≥ 0 and not NaN (`+inf` means unlimited).
+fn check_limit(field: &str, x: f64) -> Result<(), GovError> {
+    if x >= 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{x} is not a limit: expected a number ≥ 0 (USD)"),
+        ))
+    }
+}
+
+impl CostConfig {
+    /// Checks that every price is finite and ≥ 0 and every limit is ≥ 0 (not NaN).
+    ///
+    /// # Errors
+    /// [`GovError::InvalidConfig`] naming the first offending field, e.g. `max_cost_usd` or
+    /// `tool_costs_usd.send_email`.
+    pub fn validate(&self) -> Result<(), GovError> {
+        check_price(
+            "price_per_million_rows_usd",
+            self.price_per_million_rows_usd,
+        )?;
+        check_price("usd_per_million_tokens", self.usd_per_million_tokens)?;
+        check_limit("max_cost_usd", self.max_cost_usd)?;
+        if let Some(b) = self.rollout_budget_usd {
+            check_limit("rollout_budget_usd", b)?;
+        }
+        if let Some(b) = self.run_budget_usd {
+            check_limit("run_budget_usd", b)?;
+        }
+        for (tool, price) in &self.tool_costs_usd {
+            check_price(&format!("tool_costs_usd.{tool}"), *price)?;
+        }
+        Ok(())
     }
 }
 
@@ -95,12 +204,19 @@ pub struct CostEstimate {
     pub cost_usd: f64,
 }
 
+/// USD spent by executed actions, as recorded by [`Policy::record_outcome`].
+#[derive(Debug, Default)]
+struct Ledger {
+    run: f64,
+    rollouts: HashMap<String, f64>,
+}
+
 /// The `cost_control` policy (see the module docs for the model and findings).
 #[derive(Debug)]
 pub struct CostControlPolicy {
     config: CostConfig,
     stats: TableStats,
-    spent_usd: Mutex<f64>,
+    ledger: Mutex<Ledger>,
 }
 
 fn saturate(x: f64) -> f64 {
@@ -122,11 +238,14 @@ fn mul(a: f64, b: f64) -> f64 {
     }
 }
 
+/// USD with at least 2 and at most 6 decimals (`1.00`, `0.9995`, `0.00035`).
 fn fmt_usd(x: f64) -> String {
-    if x >= 0.01 {
-        format!("{x:.2}")
-    } else {
-        format!("{x:.6}")
+    let s = format!("{x:.6}");
+    let trimmed = s.trim_end_matches('0');
+    match trimmed.find('.') {
+        Some(dot) if trimmed.len() - dot > 3 => trimmed.to_string(),
+        Some(dot) => format!("{:0<width$}", trimmed, width = dot + 3),
+        None => s,
     }
 }
 
@@ -138,9 +257,46 @@ fn fmt_rows(x: f64) -> String {
     }
 }
 
+/// What an action costs and a short description of where the figure comes from.
+enum Priced {
+    /// Nothing to price (or nothing known): no finding, nothing recorded.
+    Unknown,
+    /// A `spend` with a negative or non-finite `usd`.
+    Invalid(f64),
+    /// A cost in USD and its description for reasons.
+    Cost(f64, Describe),
+}
+
+enum Describe {
+    Sql(f64),
+    Spend { usd: f64, tokens: u64 },
+    Tool,
+    Output,
+}
+
+impl Describe {
+    fn text(&self, cost: f64) -> String {
+        match self {
+            Describe::Sql(rows) => format!(
+                "estimated cost ${} ({} rows scanned)",
+                fmt_usd(cost),
+                fmt_rows(*rows)
+            ),
+            Describe::Spend { usd, tokens } => format!(
+                "cost ${} (spend of ${} and {tokens} tokens)",
+                fmt_usd(cost),
+                fmt_usd(*usd)
+            ),
+            Describe::Tool => format!("cost ${} of the tool call", fmt_usd(cost)),
+            Describe::Output => format!("cost ${}", fmt_usd(cost)),
+        }
+    }
+}
+
 impl CostControlPolicy {
     /// A policy with the given prices/limits and table statistics. Table names in `stats` are
-    /// lowercased here, so callers may pass them in any case.
+    /// lowercased here, so callers may pass them in any case. The configuration is not
+    /// validated; use [`CostControlPolicy::try_new`] for configuration read from a file.
     pub fn new(config: CostConfig, stats: TableStats) -> Self {
         let stats = stats
             .into_iter()
@@ -155,8 +311,17 @@ impl CostControlPolicy {
         CostControlPolicy {
             config,
             stats,
-            spent_usd: Mutex::new(0.0),
+            ledger: Mutex::new(Ledger::default()),
         }
+    }
+
+    /// Like [`CostControlPolicy::new`], after [`CostConfig::validate`].
+    ///
+    /// # Errors
+    /// [`GovError::InvalidConfig`] naming the first negative / NaN price or limit.
+    pub fn try_new(config: CostConfig, stats: TableStats) -> Result<Self, GovError> {
+        config.validate()?;
+        Ok(Self::new(config, stats))
     }
 
     /// The configuration in use.
@@ -164,31 +329,70 @@ impl CostControlPolicy {
         &self.config
     }
 
-    fn spent(&self) -> MutexGuard<'_, f64> {
-        self.spent_usd.lock().unwrap_or_else(|e| e.into_inner())
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Total estimated USD of the actions recorded as executed so far.
+    /// Total USD of the actions of the whole run recorded as executed so far.
     pub fn spent_usd(&self) -> f64 {
-        *self.spent()
+        self.ledger().run
     }
 
-    /// Estimates the rows scanned and USD cost of `sql` against `database`.
+    /// Total USD of the executed actions of rollout `rollout_id` (0 for an unknown rollout).
+    pub fn rollout_spent_usd(&self, rollout_id: &str) -> f64 {
+        self.ledger()
+            .rollouts
+            .get(rollout_id)
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// Drops the ledger entry of a finished rollout (its spend stays in the run total), so a
+    /// long run does not accumulate one entry per rollout.
+    pub fn forget_rollout(&self, rollout_id: &str) {
+        self.ledger().rollouts.remove(rollout_id);
+    }
+
+    /// Estimates the rows scanned and USD cost of `sql` (parsed as SQLite) against `database`.
     ///
     /// # Errors
     /// [`GovError::UnknownDatabase`] when there are no statistics for `database` (checked
     /// first); [`GovError::SqlParse`] when `sql` does not parse.
     pub fn estimate(&self, database: &str, sql: &str) -> Result<CostEstimate, GovError> {
-        let tables = self
-            .stats
-            .get(database)
-            .ok_or_else(|| GovError::UnknownDatabase {
-                database: database.to_string(),
-            })?;
+        let tables = self.tables(database)?;
         let parsed = parse_sql(sql, SqlDialect::Sqlite);
         let statements = parsed.statements().map_err(|e| GovError::SqlParse {
             message: e.to_string(),
         })?;
+        Ok(self.estimate_with(tables, statements))
+    }
+
+    /// Estimates the rows scanned and USD cost of already parsed `statements` against
+    /// `database`.
+    ///
+    /// # Errors
+    /// [`GovError::UnknownDatabase`] when there are no statistics for `database`.
+    pub fn estimate_statements(
+        &self,
+        database: &str,
+        statements: &[Statement],
+    ) -> Result<CostEstimate, GovError> {
+        Ok(self.estimate_with(self.tables(database)?, statements))
+    }
+
+    fn tables(&self, database: &str) -> Result<&HashMap<String, u64>, GovError> {
+        self.stats
+            .get(database)
+            .ok_or_else(|| GovError::UnknownDatabase {
+                database: database.to_string(),
+            })
+    }
+
+    fn estimate_with(
+        &self,
+        tables: &HashMap<String, u64>,
+        statements: &[Statement],
+    ) -> CostEstimate {
         let mut est = Estimator {
             tables,
             scopes: Vec::new(),
@@ -197,14 +401,53 @@ impl CostControlPolicy {
             .iter()
             .fold(0.0, |acc, s| add(acc, est.statement(s)));
         let cost_usd = saturate(rows_scanned / 1e6 * self.config.price_per_million_rows_usd);
-        Ok(CostEstimate {
+        CostEstimate {
             rows_scanned,
             cost_usd,
-        })
+        }
     }
 
-    fn violation(severity: Severity, reason: String) -> Finding {
-        Finding::block(severity, reason)
+    /// The USD cost of the subject's action (see the module docs): `None` for SQL against a
+    /// database without statistics or SQL that does not parse, and for a `spend` whose `usd`
+    /// is negative or not finite.
+    pub fn cost_of(&self, subject: &Subject<'_>) -> Option<f64> {
+        match self.price(subject) {
+            Priced::Cost(c, _) => Some(c),
+            Priced::Unknown | Priced::Invalid(_) => None,
+        }
+    }
+
+    fn price(&self, subject: &Subject<'_>) -> Priced {
+        match &subject.action().kind {
+            ActionKind::Sql { database, .. } => {
+                let Ok(tables) = self.tables(database) else {
+                    return Priced::Unknown;
+                };
+                let Some(Ok(statements)) = subject.sql().map(|p| p.statements()) else {
+                    return Priced::Unknown;
+                };
+                let est = self.estimate_with(tables, statements);
+                Priced::Cost(est.cost_usd, Describe::Sql(est.rows_scanned))
+            }
+            ActionKind::Spend { usd, tokens } => {
+                if !usd.is_finite() || *usd < 0.0 {
+                    return Priced::Invalid(*usd);
+                }
+                let token_cost = *tokens as f64 / 1e6 * self.config.usd_per_million_tokens;
+                Priced::Cost(
+                    add(*usd, token_cost),
+                    Describe::Spend {
+                        usd: *usd,
+                        tokens: *tokens,
+                    },
+                )
+            }
+            ActionKind::ToolCall { name, .. } => Priced::Cost(
+                self.config.tool_costs_usd.get(name).copied().unwrap_or(0.0),
+                Describe::Tool,
+            ),
+            ActionKind::Output { .. } => Priced::Cost(0.0, Describe::Output),
+        }
     }
 }
 
@@ -214,38 +457,79 @@ impl Policy for CostControlPolicy {
     }
 
     fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
-        let ActionKind::Sql { database, sql, .. } = &subject.action().kind else {
-            return Ok(Vec::new());
-        };
-        let est = match self.estimate(database, sql) {
-            Ok(est) => est,
-            Err(e @ GovError::UnknownDatabase { .. }) => {
-                return Ok(vec![Self::violation(Severity::Medium, e.to_string())]);
+        let (cost, describe) = match self.price(subject) {
+            Priced::Unknown => return Ok(Vec::new()),
+            Priced::Invalid(usd) => {
+                return Ok(vec![Finding::block(
+                    Severity::High,
+                    format!("spend of {usd} USD is not a valid cost (negative or not finite)"),
+                )]);
             }
-            // Unparsable SQL is reported by sql_safety; nothing to estimate here.
-            Err(_) => return Ok(Vec::new()),
+            Priced::Cost(c, d) => (c, d),
         };
         let mut out = Vec::new();
-        if est.cost_usd > self.config.max_cost_usd {
-            out.push(Self::violation(
+        if cost > self.config.max_cost_usd {
+            out.push(Finding::block(
                 Severity::High,
                 format!(
-                    "estimated cost ${} ({} rows scanned) exceeds the per-action limit ${}",
-                    fmt_usd(est.cost_usd),
-                    fmt_rows(est.rows_scanned),
+                    "{} exceeds the per-action limit ${}",
+                    describe.text(cost),
                     fmt_usd(self.config.max_cost_usd)
                 ),
             ));
         }
-        if let Some(budget) = self.config.budget_usd {
-            let spent = self.spent_usd();
-            if spent + est.cost_usd > budget {
-                out.push(Self::violation(
+        if cost <= 0.0 {
+            return Ok(out);
+        }
+        let ctx = &subject.action().context;
+        let needs_ledger = (self.config.rollout_budget_usd.is_some()
+            && ctx.rollout_spend_usd.is_none()
+            && ctx.rollout_id.is_some())
+            || (self.config.run_budget_usd.is_some() && ctx.run_spend_usd.is_none());
+        let (ledger_run, ledger_rollout) = if needs_ledger {
+            let ledger = self.ledger();
+            let rollout = ctx
+                .rollout_id
+                .as_ref()
+                .and_then(|id| ledger.rollouts.get(id).copied());
+            (ledger.run, rollout)
+        } else {
+            (0.0, None)
+        };
+        if let Some(budget) = self.config.rollout_budget_usd {
+            let spent = match (ctx.rollout_spend_usd, &ctx.rollout_id) {
+                (Some(s), _) => Some(s),
+                (None, Some(_)) => Some(ledger_rollout.unwrap_or(0.0)),
+                (None, None) => None,
+            };
+            if let Some(spent) = spent
+                && spent + cost > budget
+            {
+                let which = ctx
+                    .rollout_id
+                    .as_deref()
+                    .map(|id| format!("rollout `{id}`"))
+                    .unwrap_or_else(|| "this rollout".to_string());
+                out.push(Finding::block(
                     Severity::High,
                     format!(
-                        "run budget exhausted: spent ${} + estimated ${} exceeds the budget ${}",
+                        "rollout budget exhausted: {which} spent ${} + {} exceeds the rollout budget ${}",
                         fmt_usd(spent),
-                        fmt_usd(est.cost_usd),
+                        describe.text(cost),
+                        fmt_usd(budget)
+                    ),
+                ));
+            }
+        }
+        if let Some(budget) = self.config.run_budget_usd {
+            let spent = ctx.run_spend_usd.unwrap_or(ledger_run);
+            if spent + cost > budget {
+                out.push(Finding::block(
+                    Severity::High,
+                    format!(
+                        "run budget exhausted: spent ${} + {} exceeds the run budget ${}",
+                        fmt_usd(spent),
+                        describe.text(cost),
                         fmt_usd(budget)
                     ),
                 ));
@@ -258,12 +542,21 @@ impl Policy for CostControlPolicy {
         if !executed {
             return;
         }
-        let ActionKind::Sql { database, sql, .. } = &subject.action().kind else {
+        let Priced::Cost(cost, _) = self.price(subject) else {
             return;
         };
-        if let Ok(est) = self.estimate(database, sql) {
-            let mut spent = self.spent();
-            *spent = add(*spent, est.cost_usd);
+        if cost <= 0.0 {
+            return;
+        }
+        let mut ledger = self.ledger();
+        ledger.run = add(ledger.run, cost);
+        if let Some(id) = &subject.action().context.rollout_id {
+            match ledger.rollouts.get_mut(id) {
+                Some(total) => *total = add(*total, cost),
+                None => {
+                    ledger.rollouts.insert(id.clone(), cost);
+                }
+            }
         }
     }
 }
@@ -571,5 +864,41 @@ mod tests {
         ));
         let action = crate::Action::sql("db", "SELEC oops");
         assert!(p.check(&Subject::new(&action)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn unknown_database_is_an_estimate_error_but_no_finding() {
+        let p = policy();
+        assert!(matches!(
+            p.estimate("nope", "SELECT 1"),
+            Err(GovError::UnknownDatabase { ref database }) if database == "nope"
+        ));
+        let action = crate::Action::sql("nope", "SELECT * FROM singer");
+        let subject = Subject::new(&action);
+        assert!(p.check(&subject).unwrap().is_empty());
+        assert_eq!(p.cost_of(&subject), None);
+    }
+
+    #[test]
+    fn validate_names_the_negative_field() {
+        let mut c = CostConfig::default();
+        c.tool_costs_usd.insert("send_email".into(), -1.0);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("tool_costs_usd.send_email"), "{err}");
+        let c = CostConfig {
+            max_cost_usd: f64::NAN,
+            ..CostConfig::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("max_cost_usd")
+        );
+        let c = CostConfig {
+            max_cost_usd: f64::INFINITY,
+            ..CostConfig::default()
+        };
+        assert!(c.validate().is_ok());
     }
 }

@@ -4,12 +4,24 @@
 //! Responsible for what each built-in policy checks. Not responsible for the verdict rule or
 //! recording (see [`crate::Kernel`]).
 
+pub mod cedar;
+pub mod content;
 pub mod cost;
+pub mod rate_limit;
 pub mod sql;
 pub mod sql_text;
+pub mod tool;
 
+pub use cedar::{CEDAR_POLICY_NAME, CEDAR_SCHEMA, CedarConfig, CedarPolicy};
+pub use content::{
+    CONTENT_POLICY_NAME, ContentPolicy, ContentPolicyConfig, DenyAction, Detector, PiiAction,
+};
 pub use cost::{CostConfig, CostControlPolicy, CostEstimate, TableStats};
+pub use rate_limit::{
+    ANONYMOUS_KEY, Clock, RATE_LIMIT_POLICY_NAME, RateLimitConfig, RateLimitPolicy,
+};
 pub use sql::{SqlPolicy, SqlPolicyConfig, StatementKind};
+pub use tool::{ArgConstraint, TOOL_POLICY_NAME, ToolPolicy, ToolPolicyConfig};
 
 use sqlparser::ast::ObjectName;
 
