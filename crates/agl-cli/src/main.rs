@@ -11,6 +11,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of the system allocator: SQL parsing allocates many small nodes, and
+/// mimalloc makes every governance check about a quarter faster (see `agl bench governance`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// agl: reinforcement learning for agents under governance.
 #[derive(Debug, Parser)]
 #[command(name = "agl", version, about, long_about = None)]

@@ -97,6 +97,10 @@ pub trait Policy: Send + Sync {
     /// policies (budgets, rate limits, call counts) update their state here. The default does
     /// nothing.
     fn record_outcome(&self, _subject: &Subject<'_>, _executed: bool) {}
+
+    /// Called by [`Kernel::end_rollout`] when a rollout is finished: policies that keep
+    /// per-rollout state (spend, call counts) drop it. The default does nothing.
+    fn end_rollout(&self, _rollout_id: &str) {}
 }
 
 /// Per-policy configuration applied by the kernel to every finding of that policy (the common
@@ -322,6 +326,19 @@ impl Kernel {
             rec.append(action, &decision)?;
         }
         Ok(decision)
+    }
+
+    /// Tells every policy that `rollout_id` is finished, so per-rollout state (budgets, call
+    /// counts, a pending `SIGSTOP`) does not accumulate over a long run. Runners call it once
+    /// per rollout, after its last action.
+    pub fn end_rollout(&self, rollout_id: &str) {
+        for entry in &self.policies {
+            let _ = catch_unwind(AssertUnwindSafe(|| entry.policy.end_rollout(rollout_id)));
+        }
+        self.stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(rollout_id);
     }
 
     fn signals(&self, action: &Action, verdict: Verdict, violations: &[Violation]) -> Vec<Signal> {

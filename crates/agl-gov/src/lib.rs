@@ -5,33 +5,37 @@
 //! [`Action`]s and returns [`Decision`]s.
 //!
 //! # Pieces
-//! * [`Kernel`] runs every [`Policy`] on an action, combines their [`Violation`]s into a
-//!   [`Decision`], tells each policy the outcome, and appends one entry to an optional
-//!   [`FlightRecorder`]. It is `Send + Sync`; share it through an `Arc`.
-//! * Built-in policies: [`SqlPolicy`] (`sql_safety`: denied statement kinds, stacked
-//!   statements, unparsable or empty SQL) and [`CostControlPolicy`] (`cost_control`: rows
-//!   scanned → USD, per-action limit, per-run budget).
-//! * [`FlightRecorder`]: tamper-evident JSON Lines audit log with a SHA-256 hash chain, and
-//!   [`verify`] / [`verify_lines`] which recompute it.
+//! * [`Action`]: a typed action ([`ActionKind`]: SQL with its [`SqlDialect`], tool call, model
+//!   output, spend in USD/tokens) and its [`Context`] (agent, rollout, attempt, step,
+//!   cumulative spend).
+//! * [`Kernel`] runs every [`Policy`] on a [`Subject`] (the action plus analyses computed once,
+//!   such as the parsed SQL) and combines their [`Finding`]s into a [`Decision`]: allow, warn,
+//!   modify (a rewritten action executes instead) or block, "block wins, then modify, then
+//!   warn"; a policy that errors or panics blocks (fail closed) and says so. Decisions carry
+//!   [`Signal`]s (`SIGSTOP`, `SIGKILL`, `SIGCONT`, as the Agent OS kernel names them). It is
+//!   `Send + Sync`; share it through an `Arc`.
+//! * Built-in policies, one file each under [`policies`]: [`SqlPolicy`] (`sql_safety`),
+//!   [`CostControlPolicy`] (`cost_control`), [`ToolPolicy`] (`tool_policy`),
+//!   [`RateLimitPolicy`] (`rate_limit`), [`ContentPolicy`] (`content_safety`) and
+//!   [`CedarPolicy`] (`cedar`, authorisation with the Cedar policy language).
+//! * [`PolicyFile`]: YAML files declaring a kernel, and the presets `strict`, `standard`,
+//!   `permissive` ([`PRESETS`]).
+//! * [`FlightRecorder`]: a tamper-evident, append-only SQLite log (hash chain, optionally
+//!   HMAC-keyed, anchored by a head file), with [`verify`], queries and summaries.
 //!
 //! # Modes
-//! * [`GovernanceMode::Enforce`]: verdict [`Verdict::Block`] if any violation has
-//!   `blocked == true`, else [`Verdict::Warn`] if any violation, else [`Verdict::Allow`].
-//! * [`GovernanceMode::Audit`] (the "without governance" baseline): violations are recorded
-//!   exactly as found, blocked flags included, so one can see what enforce would have done,
-//!   but the verdict is `Warn` if any violation, else `Allow`: the action executes anyway.
+//! * [`GovernanceMode::Enforce`]: the verdict is applied.
+//! * [`GovernanceMode::Audit`] (the "without governance" baseline): findings are recorded
+//!   exactly as found (effects included, to show what enforce would have done) but the verdict
+//!   is at most `Warn`: the action executes unchanged.
 //!
 //! # Provenance
 //! The semantics follow the documented promises of the Python agentmesh-lightning / Agent OS
-//! governance layer: violation severities critical / high / medium / low, and blocked versus
-//! warned findings. Three defects of that implementation are fixed here:
-//! * SQL that does not parse is a (medium, blocked) violation — fail closed — instead of
-//!   passing silently;
-//! * SQL is classified by walking the whole sqlparser syntax tree (every stacked statement,
-//!   CTEs, subqueries, set operations) instead of by regular expressions, so a `DROP TABLE`
-//!   inside a string literal or comment is not flagged and a `DeLeTe` is;
-//! * the audit log's hash chain is actually recomputed by [`verify`], which reports the first
-//!   tampered line.
+//! governance layer (severities critical / high / medium / low, blocked versus warned
+//! violations, signals) and fix its defects: SQL is judged on a real parse tree with the
+//! engine's dialect and fails closed (comment tricks, MySQL version comments, NUL bytes,
+//! stacked statements); every check is recorded in a chain that `verify` recomputes, keyed so
+//! that edits cannot be re-chained without the key, and anchored so that truncation shows.
 
 mod action;
 mod error;
@@ -45,8 +49,9 @@ pub use action::{Action, ActionKind, Context, SqlDialect};
 pub use error::GovError;
 pub use kernel::{FAIL_CLOSED_SEVERITY, Kernel, Policy, PolicyOptions, Subject};
 pub use policies::cost::COST_POLICY_NAME;
+pub use policies::sql::NameLists;
 pub use policies::sql::SQL_POLICY_NAME;
-pub use policies::sql_text::{ParsedSql, parse_sql};
+pub use policies::sql_text::{MAX_SQL_BYTES, ParsedSql, RejectionKind, SqlRejection, parse_sql};
 pub use policies::{
     ANONYMOUS_KEY, ArgConstraint, CEDAR_POLICY_NAME, CEDAR_SCHEMA, CONTENT_POLICY_NAME,
     CedarConfig, CedarPolicy, Clock, ContentPolicy, ContentPolicyConfig, CostConfig,
@@ -55,8 +60,8 @@ pub use policies::{
     TableStats, ToolPolicy, ToolPolicyConfig,
 };
 pub use policy_file::{
-    BuildEnv, DEFAULT_PRESET, POLICY_FILE_VERSION, PRESETS, PolicyConfig, PolicyFile, PolicySpec,
-    PolicyType, preset_text,
+    BuildEnv, BuiltPolicy, DEFAULT_PRESET, POLICY_FILE_VERSION, PRESETS, PolicyConfig, PolicyFile,
+    PolicySpec, PolicyType, preset_text,
 };
 pub use recorder::{
     AUDIT_KEY_FILE_ENV, BrokenEntry, FlightRecorder, GENESIS_HASH, Head, HeadSource, MIN_KEY_BYTES,

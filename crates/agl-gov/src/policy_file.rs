@@ -155,6 +155,9 @@ impl PolicyConfig {
     }
 }
 
+/// A policy built from a [`PolicySpec`], with the options the kernel applies to it.
+pub type BuiltPolicy = (Box<dyn Policy>, PolicyOptions);
+
 /// One declared policy: the kernel-level options and the policy's own configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicySpec {
@@ -285,10 +288,10 @@ impl PolicyFile {
                 let mut line = loc.as_ref().map(|l| l.line());
                 let mut column = loc.as_ref().map(|l| l.column());
                 // serde reports an unknown key at the start of its mapping: point at the key.
-                if let (Some(l), Some(key)) = (line, unknown_key(&message)) {
-                    if let Some((kl, kc)) = find_key(text, l, key) {
-                        (line, column) = (Some(kl), Some(kc));
-                    }
+                if let (Some(l), Some(key)) = (line, unknown_key(&message))
+                    && let Some((kl, kc)) = find_key(text, l, key)
+                {
+                    (line, column) = (Some(kl), Some(kc));
                 }
                 GovError::PolicyFile {
                     origin: origin.to_string(),
@@ -345,10 +348,7 @@ impl PolicyFile {
     /// # Errors
     /// [`GovError::PolicyFile`] naming the entry's line and field when a policy rejects its
     /// configuration.
-    pub fn build_policies(
-        &self,
-        env: &BuildEnv,
-    ) -> Result<Vec<(Box<dyn Policy>, PolicyOptions)>, GovError> {
+    pub fn build_policies(&self, env: &BuildEnv) -> Result<Vec<BuiltPolicy>, GovError> {
         let mut out = Vec::with_capacity(self.policies.len());
         for (i, spec) in self.policies.iter().enumerate() {
             let policy = self.build_one(spec, env).map_err(|e| {
@@ -406,10 +406,10 @@ impl PolicyFile {
 /// Drops serde_yaml's own location suffix and path prefix (we report both separately).
 fn clean_yaml_message(msg: &str) -> String {
     let mut m = msg.to_string();
-    if let Some(i) = m.rfind(" at line ") {
-        if m[i..].contains(" column ") {
-            m.truncate(i);
-        }
+    if let Some(i) = m.rfind(" at line ")
+        && m[i..].contains(" column ")
+    {
+        m.truncate(i);
     }
     if let Some((prefix, rest)) = m.split_once(": ") {
         let looks_like_path = !prefix.contains(' ')

@@ -147,6 +147,30 @@ fn every_adversarial_input_is_blocked() {
     assert_eq!(tried, blocked);
 }
 
+/// The acceptance check of the policy presets: every corpus line is blocked by the `strict`
+/// and `standard` kernels exactly as `agl policy check --policy examples/policies/strict.yaml`
+/// builds them (from the example files, which a unit test keeps identical to the presets).
+#[test]
+fn every_adversarial_input_is_blocked_by_the_strict_and_standard_examples() {
+    let lines = corpus(include_str!("data/adversarial_sql.txt"));
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/policies");
+    for preset in ["strict", "standard"] {
+        let file = agl_gov::PolicyFile::load(&dir.join(format!("{preset}.yaml"))).unwrap();
+        let k = file.build(&agl_gov::BuildEnv::default()).unwrap();
+        let escaped: Vec<&str> = lines
+            .iter()
+            .filter(|(d, sql, _)| check(&k, *d, sql).verdict != Verdict::Block)
+            .map(|(_, _, line)| line.as_str())
+            .collect();
+        println!(
+            "adversarial corpus vs examples/policies/{preset}.yaml: {} inputs tried, {} blocked",
+            lines.len(),
+            lines.len() - escaped.len()
+        );
+        assert!(escaped.is_empty(), "{preset} let through: {escaped:#?}");
+    }
+}
+
 #[test]
 fn every_benign_input_is_allowed() {
     let lines = corpus(include_str!("data/benign_sql.txt"));

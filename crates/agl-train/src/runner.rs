@@ -321,6 +321,8 @@ pub fn run_worker(
                 ..AttemptUpdate::default()
             },
         };
+        // One action per rollout in this task: its per-rollout governance state can go.
+        runner.kernel().end_rollout(&rid);
         handle.block_on(store.update_attempt(&rid, &aid, status))?;
         done += 1;
     }

@@ -21,7 +21,8 @@
 //!
 //! `<agent_id>` is `context.agent_id`, or `anonymous` when absent. Entity ids are taken
 //! verbatim (any string, quotes and NUL included). The principal and resource entities carry
-//! no attributes and no parents.
+//! no attributes and no parents (so the entity store passed to Cedar is empty, which Cedar
+//! treats identically).
 //!
 //! Context record (`context.<field>` in policies):
 //!
@@ -69,20 +70,22 @@
 //! into a blocking violation (fail closed).
 //!
 //! # Performance
-//! The schema, the policy set and the authorizer are built once. Each check builds the request
-//! (two entity ids, the context record, two attribute-less entities) and reuses the SQL already
-//! parsed by [`Subject::sql`].
+//! The schema, the policy set (split by the action its scope names) and the authorizer are
+//! built once. Each check builds the request (two entity ids and the context record), reuses
+//! the SQL already parsed by [`Subject::sql`], and evaluates only the policies whose action
+//! scope can match. The entity store is empty: an entity absent from the store has no
+//! attributes and no parents, which is exactly what the principal and resource are.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use cedar_policy::{
-    Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityId, EntityTypeName,
-    EntityUid, PolicyId, PolicySet, Request, RestrictedExpression, Schema, ValidationMode,
-    Validator,
+    ActionConstraint, Authorizer, Context, Decision as CedarDecision, Entities, EntityId,
+    EntityTypeName, EntityUid, PolicyId, PolicySet, Request, RestrictedExpression, Schema,
+    ValidationMode, Validator,
 };
 use serde::{Deserialize, Serialize};
 use sqlparser::ast::{ObjectType, Statement, visit_relations};
@@ -176,7 +179,13 @@ impl Names {
 /// A policy that authorises every action with a Cedar policy set (see the module
 /// documentation for the request schema and the annotations).
 pub struct CedarPolicy {
-    policies: PolicySet,
+    /// The policies whose action scope can match each action kind, indexed by
+    /// [`action_index`]: Cedar evaluates only those (the others can never apply nor error).
+    by_action: [PolicySet; 4],
+    /// Entities of every request: none. An entity absent from the store has no attributes
+    /// and no parents, exactly like the attribute-less principal and resource, and building
+    /// an entity store per check (transitive closure) would cost ~5 µs.
+    entities: Entities,
     authorizer: Authorizer,
     schema: Schema,
     meta: HashMap<PolicyId, Meta>,
@@ -270,7 +279,7 @@ impl CedarPolicy {
 
     /// The Cedar request (principal, action, resource, context) built for `subject`, and the
     /// entities it refers to.
-    fn request(&self, subject: &Subject<'_>) -> Result<(Request, Entities), GovError> {
+    fn request(&self, subject: &Subject<'_>) -> Result<Request, GovError> {
         let action = subject.action();
         let names = &self.names;
         let agent = action.context.agent_id.as_deref().unwrap_or("anonymous");
@@ -332,34 +341,15 @@ impl CedarPolicy {
             }
         };
         let context = Context::from_pairs(pairs).map_err(|e| request_error(action, &e))?;
-        let entities = if std::env::var_os("CEDAR_EMPTY").is_some() {
-            Entities::empty()
-        } else {
-            Entities::from_entities(
-                [
-                    Entity::new_no_attrs(principal.clone(), HashSet::new()),
-                    Entity::new_no_attrs(resource.clone(), HashSet::new()),
-                ],
-                None,
-            )
-            .map_err(|e| request_error(action, &e))?
-        };
-        if std::env::var_os("CEDAR_NOAUTH").is_some() {
-            return Err(GovError::Cedar {
-                origin: String::new(),
-                message: String::new(),
-            });
-        }
-        let request = Request::new(principal, action_uid, resource, context, None)
-            .map_err(|e| request_error(action, &e))?;
-        Ok((request, entities))
+        Request::new(principal, action_uid, resource, context, None)
+            .map_err(|e| request_error(action, &e))
     }
 
     /// Like [`CedarPolicy::request`], but also checks the request against the schema (used by
     /// tests to prove the built contexts conform).
     #[cfg(test)]
     fn validated_request(&self, subject: &Subject<'_>) -> Result<Request, String> {
-        let (request, _) = self.request(subject).map_err(|e| e.to_string())?;
+        let request = self.request(subject).map_err(|e| e.to_string())?;
         let (Some(p), Some(a), Some(r), Some(c)) = (
             request.principal(),
             request.action(),
@@ -405,10 +395,11 @@ impl Policy for CedarPolicy {
     }
 
     fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
-        let (request, entities) = self.request(subject)?;
+        let request = self.request(subject)?;
+        let policies = &self.by_action[action_index(&subject.action().kind)];
         let response = self
             .authorizer
-            .is_authorized(&request, &self.policies, &entities);
+            .is_authorized(&request, policies, &self.entities);
         let diagnostics = response.diagnostics();
         let mut errors = diagnostics.errors().peekable();
         if let Some(first) = errors.peek() {
@@ -564,12 +555,32 @@ impl Builder {
                 message: "no Cedar policies given: Cedar would deny every action".into(),
             });
         }
+        let names = Names::new()?;
+        let mut by_action: [PolicySet; 4] = Default::default();
+        let actions = [&names.sql, &names.tool_call, &names.output, &names.spend];
+        for policy in self.policies.policies() {
+            for (set, uid) in by_action.iter_mut().zip(actions) {
+                let applies = match policy.action_constraint() {
+                    ActionConstraint::Any => true,
+                    ActionConstraint::Eq(a) => a == *uid,
+                    // the schema declares no action groups: `in` is equality
+                    ActionConstraint::In(list) => list.contains(uid),
+                };
+                if applies {
+                    set.add(policy.clone()).map_err(|e| GovError::Cedar {
+                        origin: origin.to_string(),
+                        message: format!("policy `{}`: {e}", policy.id()),
+                    })?;
+                }
+            }
+        }
         Ok(CedarPolicy {
-            policies: self.policies,
+            by_action,
+            entities: Entities::empty(),
             authorizer: Authorizer::new(),
             schema: self.schema,
             meta: self.meta,
-            names: Names::new()?,
+            names,
         })
     }
 }
@@ -661,6 +672,16 @@ fn paths_label(paths: &[PathBuf]) -> String {
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Index of `kind` in [`CedarPolicy::by_action`] (the order of the `Agl::Action` ids).
+fn action_index(kind: &ActionKind) -> usize {
+    match kind {
+        ActionKind::Sql { .. } => 0,
+        ActionKind::ToolCall { .. } => 1,
+        ActionKind::Output { .. } => 2,
+        ActionKind::Spend { .. } => 3,
+    }
 }
 
 fn request_error(action: &Action, e: &impl fmt::Display) -> GovError {

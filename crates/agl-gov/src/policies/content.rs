@@ -58,7 +58,7 @@
 //! `@`, a `+`, a `(`, a `-` or `.`, how many digits) and one [`RegexSet`] scan over the
 //! patterns with literal prefixes (API keys) and the deny patterns. The e-mail, phone, SSN
 //! and card regexes, which have no literal to skip ahead to, run only on strings whose byte
-//! pass says they can match (an `@`; enough digits and the right separators); a pattern found
+//! pass says they can match (an `@`; a long enough run of digits and the right separators); a pattern found
 //! is then searched individually. Clean text therefore costs one pass plus one set scan.
 
 use regex::{Regex, RegexSet};
@@ -179,13 +179,13 @@ enum Gate {
     Set,
     /// Needs an `@`.
     At,
-    /// Needs a `+` and 10 digits.
+    /// Needs a `+` and a run of 10 digits.
     Plus,
-    /// Needs a `(` and 10 digits.
+    /// Needs a `(` and a run of 10 digits.
     Paren,
-    /// Needs a `-` or `.` and this many digits.
+    /// Needs a `-` or `.` and a run of this many digits.
     DashOrDot(usize),
-    /// Needs this many digits.
+    /// Needs a run of this many digits.
     Digits(usize),
 }
 
@@ -196,20 +196,34 @@ struct Features {
     plus: bool,
     paren: bool,
     dash_or_dot: bool,
-    digits: usize,
+    /// Most digits in one run where digits may be separated by at most two of ` -.()` (the
+    /// separators the digit detectors accept): no digit detector can match fewer.
+    digit_run: usize,
 }
 
 impl Features {
     fn of(text: &str) -> Self {
         let mut f = Features::default();
+        let (mut run, mut seps) = (0usize, 0u8);
         for &b in text.as_bytes() {
             match b {
-                b'0'..=b'9' => f.digits += 1,
+                b'0'..=b'9' => {
+                    run += 1;
+                    seps = 0;
+                    f.digit_run = f.digit_run.max(run);
+                    continue;
+                }
                 b'@' => f.at = true,
                 b'+' => f.plus = true,
                 b'(' => f.paren = true,
                 b'-' | b'.' => f.dash_or_dot = true,
                 _ => {}
+            }
+            if matches!(b, b' ' | b'-' | b'.' | b'(' | b')') && seps < 2 {
+                seps += 1;
+            } else {
+                run = 0;
+                seps = 0;
             }
         }
         f
@@ -219,10 +233,10 @@ impl Features {
         match gate {
             Gate::Set => false,
             Gate::At => self.at,
-            Gate::Plus => self.plus && self.digits >= 10,
-            Gate::Paren => self.paren && self.digits >= 10,
-            Gate::DashOrDot(n) => self.dash_or_dot && self.digits >= n,
-            Gate::Digits(n) => self.digits >= n,
+            Gate::Plus => self.plus && self.digit_run >= 10,
+            Gate::Paren => self.paren && self.digit_run >= 10,
+            Gate::DashOrDot(n) => self.dash_or_dot && self.digit_run >= n,
+            Gate::Digits(n) => self.digit_run >= n,
         }
     }
 }
@@ -755,6 +769,33 @@ mod tests {
         let t = "4111111111111111 12/25";
         assert_eq!(card_end(t, 0, 19), Some(16));
         assert_eq!(card_end("411111111111111112", 0, 18), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_byte_gate_never_hides_a_match(s in "[0-9a-z @.+()_ -]{0,60}") {
+            let f = Features::of(&s);
+            for d in Detector::ALL {
+                for (p, gate) in d.patterns() {
+                    if *gate != Gate::Set && Regex::new(p).unwrap().is_match(&s) {
+                        proptest::prop_assert!(f.admits(*gate), "{p} matches {s:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_byte_gate_admits_each_digit_shape() {
+        for (s, gate) in [
+            ("(555) 123-4567", Gate::Paren),
+            ("+44 20 7946 0958", Gate::Plus),
+            ("123-45-6789", Gate::DashOrDot(9)),
+            ("4111-1111 1111-1111", Gate::Digits(13)),
+        ] {
+            assert!(Features::of(s).admits(gate), "{s}");
+        }
+        assert!(!Features::of("3 times in 2014, 12 of 15").admits(Gate::Digits(13)));
     }
 
     #[test]

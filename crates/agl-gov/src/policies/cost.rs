@@ -538,6 +538,10 @@ impl Policy for CostControlPolicy {
         Ok(out)
     }
 
+    fn end_rollout(&self, rollout_id: &str) {
+        self.forget_rollout(rollout_id);
+    }
+
     fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
         if !executed {
             return;
@@ -706,10 +710,45 @@ impl Estimator<'_> {
 
     fn select(&mut self, s: &Select) -> f64 {
         let from = self.relations(&s.from);
-        // Everything except FROM, searched for subqueries.
-        let mut rest = s.clone();
-        rest.from.clear();
-        add(from, self.nested(&rest))
+        // Every clause except FROM, searched for subqueries (field by field: cloning the
+        // Select to blank out FROM cost more than the rest of the estimate).
+        let Select {
+            distinct,
+            top,
+            projection,
+            exclude,
+            into,
+            from: _,
+            lateral_views,
+            prewhere,
+            selection,
+            group_by,
+            cluster_by,
+            distribute_by,
+            sort_by,
+            having,
+            named_window,
+            qualify,
+            connect_by,
+            ..
+        } = s;
+        let mut rows = from;
+        rows = add(rows, self.nested(distinct));
+        rows = add(rows, self.nested(top));
+        rows = add(rows, self.nested(projection));
+        rows = add(rows, self.nested(exclude));
+        rows = add(rows, self.nested(into));
+        rows = add(rows, self.nested(lateral_views));
+        rows = add(rows, self.nested(prewhere));
+        rows = add(rows, self.nested(selection));
+        rows = add(rows, self.nested(group_by));
+        rows = add(rows, self.nested(cluster_by));
+        rows = add(rows, self.nested(distribute_by));
+        rows = add(rows, self.nested(sort_by));
+        rows = add(rows, self.nested(having));
+        rows = add(rows, self.nested(named_window));
+        rows = add(rows, self.nested(qualify));
+        add(rows, self.nested(connect_by))
     }
 
     /// Comma-separated relations multiply (zero factors skipped).

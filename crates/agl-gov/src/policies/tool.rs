@@ -443,6 +443,10 @@ impl Policy for ToolPolicy {
         Ok(out)
     }
 
+    fn end_rollout(&self, rollout_id: &str) {
+        self.forget_rollout(rollout_id);
+    }
+
     fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
         if !executed || !self.counts_calls() {
             return;
