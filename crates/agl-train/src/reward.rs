@@ -74,11 +74,17 @@ impl RewardConfig {
     }
 }
 
-/// Sum of the severity penalties of `violations` (≤ 0 with the default table).
+/// Sum of the penalties of `violations` (≤ 0 with the default table): a violation's explicit
+/// `penalty` (a positive magnitude set by its policy or the policy file, subtracted) when it
+/// has one, else the table value of its severity. Explicit penalties, including 0, are kept,
+/// as `PolicyViolation.penalty` is in the Python original.
 pub fn policy_penalty(violations: &[Violation], config: &RewardConfig) -> f64 {
     violations
         .iter()
-        .map(|v| config.penalty_for(v.severity))
+        .map(|v| match v.penalty {
+            Some(p) => -p.abs(),
+            None => config.penalty_for(v.severity),
+        })
         .sum()
 }
 
@@ -312,5 +318,23 @@ mod tests {
         assert_eq!(s.total_penalties, -51.0);
         r.reset_stats();
         assert_eq!(r.stats().total_rewards, 0);
+    }
+
+    #[test]
+    fn explicit_penalties_replace_the_severity_table() {
+        let mut v = Violation {
+            policy: "p".into(),
+            severity: Severity::Critical,
+            reason: "r".into(),
+            effect: agl_gov::Effect::Block,
+            penalty: Some(25.0),
+            signal: None,
+        };
+        let config = RewardConfig::default();
+        assert_eq!(policy_penalty(std::slice::from_ref(&v), &config), -25.0);
+        v.penalty = Some(0.0);
+        assert_eq!(policy_penalty(std::slice::from_ref(&v), &config), 0.0);
+        v.penalty = None;
+        assert_eq!(policy_penalty(&[v], &config), -100.0);
     }
 }
