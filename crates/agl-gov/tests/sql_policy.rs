@@ -797,6 +797,21 @@ fn max_rows_rewrites_unbounded_queries_to_exact_sql() {
         ),
         ("SELECT name FROM singer LIMIT 100", None),
         ("SELECT name FROM singer LIMIT 3", None),
+        // single-row aggregates are bounded by construction
+        ("SELECT count(*) FROM singer", None),
+        (
+            "SELECT max(age) AS oldest, MIN(age) FROM singer WHERE age > 3",
+            None,
+        ),
+        // ... but not with GROUP BY, a plain column or a window function
+        (
+            "SELECT country, count(*) FROM singer GROUP BY country",
+            Some("SELECT country, count(*) FROM singer GROUP BY country LIMIT 100"),
+        ),
+        (
+            "SELECT count(*) OVER () FROM singer",
+            Some("SELECT count(*) OVER () FROM singer LIMIT 100"),
+        ),
     ];
     for (sql, want) in cases {
         let action = Action::sql("concert_singer", sql).with_dialect(SqlDialect::Sqlite);

@@ -37,7 +37,7 @@
 //! | text rejected as suspicious (control characters, NUL, BOM, Unicode whitespace, MySQL `/*! */`, ambiguous comments; see [`crate::policies::sql_text`]) | high |
 //! | text that does not tokenize or parse (look-alike letters, unterminated comment, nesting beyond the recursion limit, dynamic `DO $$ … $$`) or is too long / complex | medium |
 //! | empty input (no statements, e.g. `""` or `";"`) | medium |
-//! | `max_rows` set and a single, otherwise allowed query has no LIMIT or a larger / non-literal one: **modify** to `LIMIT max_rows` (re-serialised by sqlparser; database and dialect kept) | low |
+//! | `max_rows` set and a single, otherwise allowed query has no LIMIT or a larger / non-literal one, and is not a single-row aggregate (`SELECT count(*) FROM t`: no GROUP BY, every item a non-window `count`/`sum`/`avg`/`min`/`max`/`total`/`group_concat`/`string_agg`): **modify** to `LIMIT max_rows` (re-serialised by sqlparser; database and dialect kept) | low |
 //!
 //! Statements the classifier does not know map to [`StatementKind::Other`] (snake_case name
 //! of the sqlparser statement variant, e.g. `vacuum`, `explain`, `start_transaction`,
@@ -475,7 +475,45 @@ fn literal_within(e: &Expr, max: u64) -> bool {
     }
 }
 
-/// The `max_rows` rewrite of a top-level query, or `None` when it is already bounded.
+/// Aggregate functions that fold all input rows into one value.
+const AGGREGATES: &[&str] = &[
+    "count",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "total",
+    "group_concat",
+    "string_agg",
+];
+
+/// Whether `q` returns at most one row by construction: a plain SELECT without GROUP BY whose
+/// every projection item is a (non-window) aggregate call, e.g. `SELECT count(*) FROM t`.
+fn single_row_aggregate(q: &Query) -> bool {
+    use sqlparser::ast::{GroupByExpr, SelectItem, SetExpr};
+    let SetExpr::Select(sel) = q.body.as_ref() else {
+        return false;
+    };
+    let no_group = matches!(&sel.group_by, GroupByExpr::Expressions(v, _) if v.is_empty());
+    let is_aggregate = |e: &Expr| {
+        matches!(e, Expr::Function(f) if f.over.is_none()
+        && f.name.0.len() == 1
+        && f.name.0[0].as_ident().is_some_and(|i| {
+            AGGREGATES.iter().any(|a| i.value.eq_ignore_ascii_case(a))
+        }))
+    };
+    no_group
+        && !sel.projection.is_empty()
+        && sel.projection.iter().all(|item| match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                is_aggregate(e)
+            }
+            _ => false,
+        })
+}
+
+/// The `max_rows` rewrite of a top-level query, or `None` when it is already bounded (a LIMIT
+/// within `max`, or a single-row aggregate such as `SELECT count(*) FROM t`).
 fn limit_rewrite(q: &Query, max: u64, database: &str, dialect: SqlDialect) -> Option<Finding> {
     let bounded = match (&q.limit_clause, &q.fetch) {
         (_, Some(f)) => f
@@ -486,7 +524,7 @@ fn limit_rewrite(q: &Query, max: u64, database: &str, dialect: SqlDialect) -> Op
         (Some(LimitClause::OffsetCommaLimit { limit, .. }), None) => literal_within(limit, max),
         _ => false,
     };
-    if bounded {
+    if bounded || single_row_aggregate(q) {
         return None;
     }
     let n = Expr::value(Value::Number(max.to_string(), false));
