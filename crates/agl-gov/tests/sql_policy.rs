@@ -916,3 +916,31 @@ fn audit_mode_keeps_findings_but_lets_everything_execute() {
         assert_eq!(audited.verdict, expected, "{name}");
     }
 }
+
+#[test]
+fn column_free_where_clauses_count_as_unrestricted_even_when_writes_are_allowed() {
+    // Writes allowed, WHERE required: what the `permissive` preset does.
+    let k = kernel_with(SqlPolicyConfig {
+        denied: vec![],
+        ..SqlPolicyConfig::default()
+    });
+    for sql in [
+        "DELETE FROM t WHERE 'a' LIKE 'a'",
+        "DELETE FROM t WHERE abs(1)",
+        "UPDATE t SET a = 1 WHERE CAST(1 AS INT)",
+        "DELETE FROM t WHERE EXISTS (SELECT 1 FROM u)",
+        "DELETE FROM t WHERE id = 3 OR abs(1)",
+    ] {
+        let d = k.check(&Action::sql("db", sql)).unwrap();
+        assert_eq!(d.verdict, Verdict::Block, "{sql}");
+        assert_eq!(d.max_severity(), Some(Severity::Critical), "{sql}");
+    }
+    for sql in [
+        "DELETE FROM t WHERE id = 3",
+        "DELETE FROM t WHERE id = 3 AND abs(1)",
+        "UPDATE t SET a = 1 WHERE EXISTS (SELECT 1 FROM u WHERE u.x = t.id)",
+    ] {
+        let d = k.check(&Action::sql("db", sql)).unwrap();
+        assert_eq!(d.verdict, Verdict::Allow, "{sql}: {:?}", d.violations);
+    }
+}

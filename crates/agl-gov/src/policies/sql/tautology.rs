@@ -14,10 +14,14 @@
 //! * `x LIKE '%'` / `x ILIKE '%'` (any pattern made only of `%`);
 //! * `x IS TRUE` / `x IS NOT FALSE` of a tautology, `NOT` of a contradiction (`NOT (x <> x)`,
 //!   `NOT 0`, `NOT (1=2)`);
-//! * `a OR b` when either side is a tautology, `a AND b` when both are.
+//! * `a OR b` when either side is a tautology, `a AND b` when both are;
+//! * any expression that mentions no column at all (function calls on literals such as
+//!   `abs(1)` or `CAST(1 AS INT)`, `'a' LIKE 'a'`, an uncorrelated `EXISTS (SELECT …)`): its
+//!   value is the same for every row, so unless it is a recognised contradiction (`0`, `1=2`)
+//!   it is treated as a tautology (fail closed).
 //!
 //! Not detected: predicates that are true for all rows only given the data (`id > 0`,
-//! `x IS NOT NULL` on a NOT NULL column), subqueries, function calls.
+//! `x IS NOT NULL` on a NOT NULL column, `id IN (SELECT id FROM t)`).
 //!
 //! Recursion follows the expression tree, whose depth is bounded by
 //! [`crate::policies::sql_text::MAX_CHAIN_TOKENS`].
@@ -150,10 +154,25 @@ fn strip(e: &Expr) -> &Expr {
     e
 }
 
+/// Whether `e` mentions a column anywhere (subqueries included).
+fn references_a_column(e: &Expr) -> bool {
+    sqlparser::ast::visit_expressions(e, |x| match x {
+        Expr::Identifier(_) | Expr::CompoundIdentifier(_) => std::ops::ControlFlow::Break(()),
+        _ => std::ops::ControlFlow::Continue(()),
+    })
+    .is_break()
+}
+
 /// Whether `e` is true for every row (see the module docs for what is recognised).
 pub(crate) fn is_tautology(e: &Expr) -> bool {
     if let Some(c) = const_value(e) {
         return c.truth() == Some(true);
+    }
+    // No column anywhere: the value is the same for every row (`abs(1)`, `'a' LIKE 'a'`,
+    // `CAST(1 AS INT)`, an uncorrelated `EXISTS (…)`). Unless it is a known contradiction it
+    // may be true for all rows: fail closed.
+    if !references_a_column(e) {
+        return !is_contradiction(e);
     }
     match strip(e) {
         Expr::BinaryOp { left, op, right } => match op {
@@ -267,6 +286,14 @@ mod tests {
             "(1=1) IS TRUE",
             "t.a >= t.a",
             "'a' || 'b' = 'ab'",
+            // column-free: the same value for every row
+            "abs(1)",
+            "'a' LIKE 'a'",
+            "CAST(1 AS INT)",
+            "EXISTS (SELECT 1 FROM u)",
+            "id = 3 OR abs(1)",
+            // constant but not recognised as false: treated as always true (fail closed)
+            "1 IN (2, 3)",
         ] {
             assert!(is_tautology(&expr(s)), "{s}");
         }
@@ -286,10 +313,12 @@ mod tests {
             "x <> x",
             "id > 0",
             "1=1 AND id = 3",
-            "1 IN (2, 3)",
             "'abc'",
             "NOT TRUE",
             "x = x + 1",
+            "id = 3 AND abs(1)",
+            "EXISTS (SELECT 1 FROM u WHERE u.x = t.id)",
+            "abs(0) = 1 AND id = 2",
         ] {
             assert!(!is_tautology(&expr(s)), "{s}");
         }
