@@ -106,6 +106,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// clap value parser for the library's named enums (`GovernanceMode`, `SqlDialect`, …): their
+/// `FromStr` errors already list the valid names.
+pub(crate) fn parse_name<T>(s: &str) -> Result<T, String>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| e.to_string())
+}
+
 /// The error and its causes on one line, skipping a cause whose text the previous message
 /// already contains (library errors often repeat their source in their own message).
 fn one_line(e: &anyhow::Error) -> String {

@@ -37,7 +37,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "STATEMENT", allow_hyphen_values = true)]
     sql: Option<String>,
     /// SQL dialect of `--sql`: sqlite, mysql, postgres, generic.
-    #[arg(long, default_value = "sqlite", value_parser = parse_dialect)]
+    #[arg(long, default_value = "sqlite", value_parser = crate::parse_name::<SqlDialect>)]
     dialect: SqlDialect,
     /// Database id the SQL targets.
     #[arg(long, default_value = "main")]
@@ -52,19 +52,11 @@ pub struct CheckArgs {
     #[arg(long, value_name = "TEXT")]
     text: Option<String>,
     /// Override the policy file's mode: enforce or audit.
-    #[arg(long, value_parser = parse_mode)]
+    #[arg(long, value_parser = crate::parse_name::<GovernanceMode>)]
     mode: Option<GovernanceMode>,
     /// Print the decision as JSON instead of text.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_dialect(s: &str) -> Result<SqlDialect, String> {
-    s.parse().map_err(|e: agl_gov::GovError| e.to_string())
-}
-
-fn parse_mode(s: &str) -> Result<GovernanceMode, String> {
-    s.parse().map_err(|e: agl_gov::GovError| e.to_string())
 }
 
 /// Runs a `policy` subcommand. Errors are printed by `main` with exit code 2.

@@ -55,7 +55,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = agl_gov::DEFAULT_PRESET, value_name = "FILE")]
     policy: String,
     /// Governance mode of the training run: enforce (block and penalise) or audit (record only).
-    #[arg(long, default_value = "enforce", value_parser = parse_mode, value_name = "MODE")]
+    #[arg(long, default_value = "enforce", value_parser = crate::parse_name::<GovernanceMode>, value_name = "MODE")]
     governance: GovernanceMode,
     /// Train twice with the same seed, audit then enforce, and print both.
     #[arg(long)]
@@ -80,10 +80,6 @@ pub struct TrainArgs {
     /// Statement time limit in seconds.
     #[arg(long, default_value_t = 2.0)]
     sql_timeout: f64,
-}
-
-fn parse_mode(s: &str) -> Result<GovernanceMode, String> {
-    s.parse::<GovernanceMode>().map_err(|e| e.to_string())
 }
 
 /// The data directory: `--data`, else `$AGL_DATA`, else `./data/spider`, else the vendored copy
