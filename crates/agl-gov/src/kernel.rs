@@ -101,6 +101,12 @@ pub trait Policy: Send + Sync {
     /// Called by [`Kernel::end_rollout`] when a rollout is finished: policies that keep
     /// per-rollout state (spend, call counts) drop it. The default does nothing.
     fn end_rollout(&self, _rollout_id: &str) {}
+
+    /// Called by [`Kernel::reset`]: forget every piece of state (all rollouts' spend and call
+    /// counts, the run's spend, rate-limit windows), as if the policy had just been built. A
+    /// Gymnasium-style environment calls it at each `reset` when configured to. The default
+    /// does nothing.
+    fn reset(&self) {}
 }
 
 /// Per-policy configuration applied by the kernel to every finding of that policy (the common
@@ -238,6 +244,11 @@ impl Kernel {
         self.recorder.as_deref()
     }
 
+    /// The flight recorder as a shared handle (to give to a reader such as an emitter).
+    pub fn shared_recorder(&self) -> Option<Arc<FlightRecorder>> {
+        self.recorder.clone()
+    }
+
     /// Checks one action.
     ///
     /// 1. Runs every policy in order on a [`Subject`]. In enforce mode a `modify` finding
@@ -339,6 +350,18 @@ impl Kernel {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(rollout_id);
+    }
+
+    /// Forgets all policy state ([`Policy::reset`] on every policy) and every pending
+    /// `SIGSTOP`. The policies and the recorder (whose chain is never reset) stay.
+    pub fn reset(&self) {
+        for entry in &self.policies {
+            let _ = catch_unwind(AssertUnwindSafe(|| entry.policy.reset()));
+        }
+        self.stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     fn signals(&self, action: &Action, verdict: Verdict, violations: &[Violation]) -> Vec<Signal> {

@@ -218,3 +218,18 @@ proptest! {
         prop_assert_eq!(d.verdict == Verdict::Block, d.is_violation());
     }
 }
+
+#[test]
+fn reset_forgets_budgets_call_counts_and_rate_windows() {
+    use agl_gov::{ToolPolicy, ToolPolicyConfig};
+    let config: ToolPolicyConfig = serde_json::from_value(serde_json::json!({
+        "max_calls_per_rollout": 1
+    }))
+    .unwrap();
+    let kernel = Kernel::new(GovernanceMode::Enforce).with_policy(ToolPolicy::new(config).unwrap());
+    let call = || Action::tool_call("search", serde_json::json!({})).with_rollout_id("r1");
+    assert_eq!(kernel.check(&call()).unwrap().verdict, Verdict::Allow);
+    assert_eq!(kernel.check(&call()).unwrap().verdict, Verdict::Block);
+    kernel.reset();
+    assert_eq!(kernel.check(&call()).unwrap().verdict, Verdict::Allow);
+}

@@ -542,6 +542,10 @@ impl Policy for CostControlPolicy {
         self.forget_rollout(rollout_id);
     }
 
+    fn reset(&self) {
+        *self.ledger() = Ledger::default();
+    }
+
     fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
         if !executed {
             return;

@@ -259,6 +259,12 @@ impl Policy for RateLimitPolicy {
         ])
     }
 
+    fn reset(&self) {
+        let mut state = self.state();
+        state.logs.clear();
+        state.since_sweep = 0;
+    }
+
     fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
         let action = subject.action();
         if !executed || !self.counted(action) {

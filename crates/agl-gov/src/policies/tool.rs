@@ -447,6 +447,10 @@ impl Policy for ToolPolicy {
         self.forget_rollout(rollout_id);
     }
 
+    fn reset(&self) {
+        self.counts().clear();
+    }
+
     fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
         if !executed || !self.counts_calls() {
             return;
