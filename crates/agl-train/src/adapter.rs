@@ -10,7 +10,7 @@ use agl_core::{AttributeValue, Rollout, Span, Triplet, find_final_reward, semcon
 use serde_json::json;
 
 use crate::error::TrainError;
-use crate::runner::SqlTaskInput;
+use crate::spider_runner::SqlTaskInput;
 
 /// What the trainer needs to know about one finished rollout.
 #[derive(Debug, Clone, PartialEq)]
@@ -106,7 +106,7 @@ pub fn to_triplet(result: &RolloutResult, sql: &str) -> Triplet {
 mod tests {
     use super::*;
     use crate::reward::{PolicyReward, RewardConfig};
-    use crate::runner::{StepOutcome, outcome_spans};
+    use crate::spider_runner::{StepOutcome, outcome_spans};
     use agl_core::{EnqueueRolloutRequest, get_reward_value};
     use agl_gov::{Decision, GovernanceMode, Severity, Verdict, Violation};
     use agl_spider::Split;
@@ -146,7 +146,8 @@ mod tests {
                 signal: None,
             },
         ];
-        let reward = PolicyReward::new(RewardConfig::default()).compute(0.0, false, &violations);
+        let reward =
+            PolicyReward::<(), ()>::new(RewardConfig::default()).compute(0.0, false, &violations);
         let mut outcome = StepOutcome::not_executed(Decision {
             verdict: Verdict::Block,
             mode: GovernanceMode::Enforce,

@@ -29,6 +29,17 @@ pub enum TrainError {
         /// What was wrong.
         message: String,
     },
+    /// The kernel blocked an action; it did not run ([`crate::StepContext::check`]).
+    #[error(transparent)]
+    Blocked(crate::PolicyViolationError),
+    /// An earlier action of the step was blocked and the runner has `fail_on_violation`: this
+    /// action was refused without a check.
+    #[error("refused: the step already had a blocked action and fail_on_violation is set ({0})")]
+    Aborted(crate::PolicyViolationError),
+    /// The runner or environment was used out of order (for example `step` before `init`), or
+    /// the kernel failed during a step.
+    #[error("{0}")]
+    Runner(String),
     /// A runner worker stopped unexpectedly.
     #[error("runner worker failed: {0}")]
     Worker(String),

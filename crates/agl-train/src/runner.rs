@@ -1,362 +1,846 @@
-//! `GovernedRunner`: executes an agent's chosen action under the governance kernel, turns the
-//! outcome into a reward with [`PolicyReward`], and reports it to the LightningStore as spans.
+//! `GovernedRunner`: runs an [`Agent`] on tasks with every action checked by the governance
+//! kernel, and reports [`GovernedRollout`]s.
 //!
-//! Responsible for the runner side of the loop (dequeue → check → execute → reward → spans →
-//! attempt status); not for choosing actions or learning (see `trainer`, `grpo`).
+//! The seed API of agentmesh-lightning 5.0.0 (`GovernedRunner`, spec "Agent Lightning
+//! Fast-Path 1.0" §3, §13, §14), in Rust:
+//! - construction: [`GovernedRunner::new`] with a kernel, then [`fail_on_violation`]
+//!   (default false), [`log_violations`] (default true: one `WARN` event per violation through
+//!   `tracing`, message `Policy violation: <policy> - <description> (severity=<s>,
+//!   blocked=<b>)`) and an optional [`violation_callback`];
+//! - lifecycle: [`init`] (the agent), [`init_worker`] (worker id and LightningStore),
+//!   [`teardown_worker`], [`teardown`] (logs the totals at `INFO`);
+//! - [`step`] runs one task and returns its rollout; [`iter`] serves a store's queue;
+//! - [`stats`] (`total_rollouts`, `total_violations`, `violation_rate`) summed over every
+//!   worker of the store, [`local_stats`] for this runner alone.
 //!
-//! Differences from the Python `GovernedRunner` (agentmesh-lightning), on purpose:
-//! - the kernel's verdict decides: a blocked action never executes and earns base reward 0; no
-//!   exception is used as control flow, and there is no ungoverned fallback;
-//! - violations are per step by construction (each step gets its own decision), so concurrent
-//!   workers cannot mix them;
-//! - governance annotations are real Agent Lightning spans in the store (one
-//!   `agentlightning.annotation` span per violation with `agent_os.violation.*` attributes).
+//! # How governance reaches the agent
+//! The agent receives a [`StepContext`] and asks it to [`StepContext::check`] each action
+//! before running it. The kernel returns its verdict for that action, so a step's violations
+//! are the ones its own checks produced: concurrent steps cannot mix them, whatever threads
+//! they run on (Python binds ambient callbacks to context variables and loses violations
+//! reported from another thread, reference D7). A blocked action returns
+//! [`TrainError::Blocked`] (carrying the [`PolicyViolationError`]) and never runs.
 //!
-//! Spans of one rollout, in sequence order:
-//! 1. `agentlightning.operation` (`agentlightning.operation.name = "sql.query"`): the action
-//!    and its outcome (`agl.sql`, `agl.database`, `agl.verdict`, `agl.executed`,
-//!    `agl.rows_returned`, `agl.rows_changed`, `agl.schema_changed`, `agl.destructive`,
-//!    `agl.correct`, `agl.error`);
-//! 2. one `agentlightning.annotation` per violation: `agent_os.violation.policy`,
-//!    `.severity`, `.reason`, `.blocked`;
-//! 3. the reward: `agentlightning.annotation` with `agentlightning.reward.{0,1,2}` =
-//!    `final`, `base`, `policy_penalty`, plus `agent_os.violation_count`,
-//!    `agent_os.policy_compliant` and `agl.reward.unclamped`.
+//! # Deliberate differences from Python
+//! - there is no ungoverned fallback: a runner always has a kernel, and `step` before `init`
+//!   is an error (Python silently runs the agent without governance, or fails every step and
+//!   rewards it with the clean bonus);
+//! - a step with a blocked action is never a success (`success == false`), whether or not the
+//!   agent recovered; with `fail_on_violation` the first block also refuses every later action
+//!   of the step ([`TrainError::Aborted`]) and drops the output. No exception is raised inside
+//!   the kernel;
+//! - every check is recorded in a flight recorder: the kernel's, or, when the kernel has none,
+//!   an in-memory one the runner owns ([`GovernedRunner::recorder`]); audit is always on
+//!   (spec §1.4, which the Python code does not do);
+//! - `mode` is recorded on the rollout and given to the agent ([`StepContext::mode`]);
+//! - `iter` works with a real LightningStore: dequeue → step → spans → `update_attempt`, and
+//!   stops when the queue is empty or the stop token is cancelled (Python calls
+//!   `get_task`/`submit_rollout`, which no LightningStore has, and ends at once);
+//! - statistics are shared through the store (each worker publishes its counters in its
+//!   heartbeat), as the tutorial (§7.6) promises and the Python code does not do.
+//!
+//! [`fail_on_violation`]: GovernedRunner::fail_on_violation
+//! [`log_violations`]: GovernedRunner::log_violations
+//! [`violation_callback`]: GovernedRunner::violation_callback
+//! [`init`]: GovernedRunner::init
+//! [`init_worker`]: GovernedRunner::init_worker
+//! [`teardown_worker`]: GovernedRunner::teardown_worker
+//! [`teardown`]: GovernedRunner::teardown
+//! [`step`]: GovernedRunner::step
+//! [`iter`]: GovernedRunner::iter
+//! [`stats`]: GovernedRunner::stats
+//! [`local_stats`]: GovernedRunner::local_stats
 
+use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
-use agl_core::{
-    AttemptStatus, AttemptedRollout, AttributeValue, Attributes, RolloutMode, Span,
-    reward_attributes, semconv,
-};
-use agl_gov::{Action, ActionKind, Decision, GovernanceMode, Kernel};
-use agl_spider::{Executor, SpiderError, Split, execution_match};
+use agl_core::{AttemptStatus, AttributeValue, Attributes, RolloutMode, Span, semconv};
+use agl_gov::{Action, Decision, FlightRecorder, Kernel, Signal, Verdict};
 use agl_store::{AttemptUpdate, LightningStore};
+use futures_util::FutureExt;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::TrainError;
-use crate::reward::{PolicyReward, RewardBreakdown, RewardConfig};
-use crate::task::{SpiderTask, TaskItem};
+use crate::reward::PolicyReward;
+use crate::violation::{GovernedRollout, PolicyViolation, PolicyViolationError};
 
-/// What a rollout asks the runner to do: answer question `question` of `split` with candidate
-/// `candidate`. This is the rollout's `input` JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SqlTaskInput {
-    /// Which split the question is from.
-    pub split: Split,
-    /// Index into the prepared task's items of that split.
-    pub question: usize,
-    /// Index into the question's candidate set.
-    pub candidate: usize,
+/// The error type an agent returns: any error (`?` converts [`TrainError`], I/O, SQL, …).
+pub type AgentError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A callback told about every violation as the kernel reports it.
+pub type ViolationCallback = Arc<dyn Fn(&PolicyViolation) + Send + Sync>;
+
+/// The key under which a runner publishes its counters in its worker's `heartbeat_stats`.
+pub const HEARTBEAT_KEY: &str = "agl.governance";
+
+/// An agent: given a task input, does the task, asking the [`StepContext`] to check every
+/// action before running it.
+#[async_trait::async_trait]
+pub trait Agent: Send + Sync {
+    /// The task input (for [`GovernedRunner::iter`], the rollout's `input` JSON).
+    type Input: Send + Sync;
+    /// What the agent returns.
+    type Output: Send;
+
+    /// Does the task. Return the error of a blocked check (with `?`) when the task cannot be
+    /// done without that action.
+    async fn run(
+        &self,
+        input: &Self::Input,
+        ctx: &mut StepContext,
+    ) -> Result<Self::Output, AgentError>;
 }
 
-/// The outcome of one governed step.
-#[derive(Debug, Clone)]
-pub struct StepOutcome {
-    /// The kernel's decision.
+/// An action the kernel let run: the action to execute (the rewrite of a `modify` verdict,
+/// else the action as given, with its context filled in) and the decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Approved {
+    /// What to execute.
+    pub action: Action,
+    /// The kernel's decision (`allow`, `warn` or `modify`).
     pub decision: Decision,
-    /// Whether the statement ran (it may still have failed with an SQL error).
-    pub executed: bool,
-    /// SQL error or time-out, if any.
-    pub error: Option<String>,
-    /// Rows the statement returned.
-    pub rows_returned: usize,
-    /// Rows it changed (always rolled back).
-    pub rows_changed: u64,
-    /// Whether it changed the schema (always rolled back).
-    pub schema_changed: bool,
-    /// Whether the executed result matched the gold result.
-    pub correct: bool,
-    /// The reward.
-    pub reward: RewardBreakdown,
 }
 
-impl StepOutcome {
-    /// The outcome of an action that did not run: nothing returned, changed or matched, and the
-    /// unshaped task reward 0 (the runner shapes the reward once it knows how the action went).
-    pub fn not_executed(decision: Decision) -> Self {
-        let violations = decision.violations.len();
-        Self {
-            decision,
-            executed: false,
-            error: None,
-            rows_returned: 0,
-            rows_changed: 0,
-            schema_changed: false,
-            correct: false,
-            reward: RewardBreakdown::task_only(0.0, violations),
-        }
-    }
-
-    /// Data or schema was changed by a statement that actually ran.
-    pub fn destructive(&self) -> bool {
-        self.executed && (self.rows_changed > 0 || self.schema_changed)
-    }
+/// A span an agent asks the runner to store with its rollout ([`StepContext::annotate`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Annotation {
+    /// Span name, e.g. `agentlightning.operation`.
+    pub name: String,
+    /// Span attributes.
+    pub attributes: Attributes,
 }
 
-/// Runs actions under a kernel and shapes rewards.
+#[derive(Clone)]
+struct Settings {
+    fail_on_violation: bool,
+    log_violations: bool,
+    callback: Option<ViolationCallback>,
+}
+
+#[derive(Default)]
+struct Counters {
+    rollouts: AtomicU64,
+    violations: AtomicU64,
+    violating_rollouts: AtomicU64,
+}
+
+/// The per-step governance handle an [`Agent`] checks its actions through.
 ///
-/// In enforce mode the reward is `PolicyReward`'s; in audit mode (the "without governance"
-/// baseline) the kernel only records, the action always runs, and the reward is the task reward
-/// alone (no penalty, no bonus).
-pub struct GovernedRunner {
+/// Every violation of the step is recorded here, in order, and nowhere else: steps running
+/// concurrently each have their own context.
+pub struct StepContext {
     kernel: Arc<Kernel>,
-    reward: PolicyReward,
+    audit: Option<Arc<FlightRecorder>>,
+    settings: Arc<Settings>,
+    counters: Arc<Counters>,
+    context: agl_gov::Context,
+    next_step: u64,
+    mode: Option<RolloutMode>,
+    violations: Vec<PolicyViolation>,
+    signals: Vec<Signal>,
+    blocked: Option<PolicyViolationError>,
+    kernel_error: Option<String>,
+    annotations: Vec<Annotation>,
 }
 
-impl GovernedRunner {
-    /// A runner over `kernel` with reward shaping `reward`.
-    pub fn new(kernel: Arc<Kernel>, reward: RewardConfig) -> Self {
-        Self {
-            kernel,
-            reward: PolicyReward::new(reward),
+impl fmt::Debug for StepContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepContext")
+            .field("context", &self.context)
+            .field("mode", &self.mode)
+            .field("violations", &self.violations)
+            .field("signals", &self.signals)
+            .finish()
+    }
+}
+
+impl StepContext {
+    /// Checks `action` with the kernel before it runs.
+    ///
+    /// The action's context gets the step's agent, rollout and attempt ids where it has none,
+    /// and the index of this check within the step (0, 1, …). Every violation is recorded in
+    /// the step, counted, logged (if `log_violations`) and passed to the violation callback.
+    ///
+    /// # Errors
+    /// - [`TrainError::Blocked`]: the kernel blocked the action; do not run it.
+    /// - [`TrainError::Aborted`]: an earlier action of this step was blocked and the runner
+    ///   has `fail_on_violation`; the action was not checked and must not run.
+    /// - [`TrainError::Gov`]: the kernel or the flight recorder failed; the action must not
+    ///   run (fail closed), and the step will return this error.
+    pub fn check(&mut self, action: Action) -> Result<Approved, TrainError> {
+        if self.settings.fail_on_violation
+            && let Some(first) = &self.blocked
+        {
+            return Err(TrainError::Aborted(first.clone()));
         }
+        let mut action = action;
+        let c = &mut action.context;
+        if c.agent_id.is_none() {
+            c.agent_id.clone_from(&self.context.agent_id);
+        }
+        if c.rollout_id.is_none() {
+            c.rollout_id.clone_from(&self.context.rollout_id);
+        }
+        if c.attempt_id.is_none() {
+            c.attempt_id.clone_from(&self.context.attempt_id);
+        }
+        if c.step.is_none() {
+            c.step = Some(self.next_step);
+        }
+        self.next_step += 1;
+        let decision = match self.kernel.check(&action) {
+            Ok(d) => d,
+            Err(e) => {
+                self.kernel_error.get_or_insert_with(|| e.to_string());
+                return Err(e.into());
+            }
+        };
+        if let Some(rec) = &self.audit
+            && let Err(e) = rec.append(&action, &decision)
+        {
+            self.kernel_error.get_or_insert_with(|| e.to_string());
+            return Err(e.into());
+        }
+        let mut first_block = None;
+        for v in &decision.violations {
+            let pv = PolicyViolation::from_kernel(v, decision.verdict);
+            self.counters.violations.fetch_add(1, Ordering::Relaxed);
+            if self.settings.log_violations {
+                tracing::warn!(
+                    policy = %pv.policy_name,
+                    severity = %pv.severity,
+                    blocked = pv.action_blocked,
+                    "Policy violation: {} - {} (severity={}, blocked={})",
+                    pv.policy_name,
+                    pv.description,
+                    pv.severity,
+                    pv.action_blocked
+                );
+            }
+            if let Some(cb) = &self.settings.callback {
+                cb(&pv);
+            }
+            if first_block.is_none() && pv.action_blocked {
+                first_block = Some(pv.clone());
+            }
+            self.violations.push(pv);
+        }
+        self.signals.extend(decision.signals.iter().copied());
+        let kind = decision.effective_kind(&action.kind).cloned();
+        match (decision.verdict, kind) {
+            (Verdict::Block, _) | (_, None) => {
+                let violation = first_block.unwrap_or_else(|| {
+                    PolicyViolation::new(
+                        crate::PolicyViolationType::Blocked,
+                        "kernel",
+                        "the kernel blocked the action",
+                        agl_gov::FAIL_CLOSED_SEVERITY,
+                    )
+                });
+                let err = PolicyViolationError { violation };
+                self.blocked.get_or_insert_with(|| err.clone());
+                Err(TrainError::Blocked(err))
+            }
+            (_, Some(kind)) => Ok(Approved {
+                action: Action {
+                    context: action.context,
+                    kind,
+                },
+                decision,
+            }),
+        }
+    }
+
+    /// The mode the step runs in (`train`, `val`, `test`), if given.
+    pub fn mode(&self) -> Option<RolloutMode> {
+        self.mode
+    }
+
+    /// The rollout id the step's actions are checked under.
+    pub fn rollout_id(&self) -> Option<&str> {
+        self.context.rollout_id.as_deref()
+    }
+
+    /// The violations recorded so far in this step.
+    pub fn violations(&self) -> &[PolicyViolation] {
+        &self.violations
+    }
+
+    /// The signals the kernel sent so far in this step.
+    pub fn signals(&self) -> &[Signal] {
+        &self.signals
+    }
+
+    /// Whether an action of this step was blocked.
+    pub fn blocked(&self) -> bool {
+        self.blocked.is_some()
+    }
+
+    /// Asks the runner to store a span named `name` with `attributes` with the rollout (only
+    /// [`GovernedRunner::iter`] stores them; [`GovernedRunner::step`] has no store and drops
+    /// them).
+    pub fn annotate(&mut self, name: impl Into<String>, attributes: Attributes) {
+        self.annotations.push(Annotation {
+            name: name.into(),
+            attributes,
+        });
+    }
+}
+
+/// Runner statistics. JSON keys `total_rollouts`, `total_violations`, `violation_rate` are
+/// Python's `get_stats()`; the rest are unambiguous additions (reference D6).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RunnerStats {
+    /// Steps run.
+    pub total_rollouts: u64,
+    /// Violations reported by the kernel during those steps.
+    pub total_violations: u64,
+    /// Python's meaning: violations per rollout (`total_violations / total_rollouts`, 0 when
+    /// there are no rollouts); can exceed 1.
+    pub violation_rate: f64,
+    /// Steps with at least one violation.
+    pub violating_rollouts: u64,
+    /// `violating_rollouts / total_rollouts` (0 when none): the fraction most people mean by
+    /// "violation rate".
+    pub violating_rollout_fraction: f64,
+}
+
+impl RunnerStats {
+    fn from_counts(rollouts: u64, violations: u64, violating: u64) -> Self {
+        let per = |x: u64| {
+            if rollouts == 0 {
+                0.0
+            } else {
+                x as f64 / rollouts as f64
+            }
+        };
+        RunnerStats {
+            total_rollouts: rollouts,
+            total_violations: violations,
+            violation_rate: per(violations),
+            violating_rollouts: violating,
+            violating_rollout_fraction: per(violating),
+        }
+    }
+}
+
+/// What one [`GovernedRunner::iter`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterReport {
+    /// Rollouts stepped and reported (attempt `succeeded`).
+    pub rollouts: u64,
+    /// Violations in those rollouts.
+    pub violations: u64,
+    /// Rollouts whose task failed (`success == false`: agent error or blocked action).
+    pub unsuccessful: u64,
+    /// Rollouts whose input could not be read; their attempt was marked `failed`.
+    pub malformed: u64,
+}
+
+struct WorkerBinding {
+    worker_id: String,
+    store: Arc<dyn LightningStore>,
+}
+
+/// Runs an [`Agent`] under a governance kernel (see the module docs).
+pub struct GovernedRunner<A: Agent> {
+    kernel: Arc<Kernel>,
+    recorder: Arc<FlightRecorder>,
+    owns_recorder: bool,
+    settings: Arc<Settings>,
+    counters: Arc<Counters>,
+    agent: Option<Arc<A>>,
+    worker: Option<WorkerBinding>,
+    reward: Option<Arc<PolicyReward<A::Input, A::Output>>>,
+}
+
+impl<A: Agent> fmt::Debug for GovernedRunner<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GovernedRunner")
+            .field("kernel", &self.kernel)
+            .field("fail_on_violation", &self.settings.fail_on_violation)
+            .field("log_violations", &self.settings.log_violations)
+            .field("violation_callback", &self.settings.callback.is_some())
+            .field("initialised", &self.agent.is_some())
+            .field(
+                "worker_id",
+                &self.worker.as_ref().map(|w| w.worker_id.as_str()),
+            )
+            .finish()
+    }
+}
+
+impl<A: Agent> GovernedRunner<A> {
+    /// A runner over `kernel` with the seed defaults: `fail_on_violation` false,
+    /// `log_violations` true, no callback. If the kernel has no flight recorder, the runner
+    /// records every check in an in-memory one of its own (see [`GovernedRunner::recorder`]).
+    pub fn new(kernel: Arc<Kernel>) -> Self {
+        let (recorder, owns_recorder) = match kernel.shared_recorder() {
+            Some(r) => (r, false),
+            None => (Arc::new(FlightRecorder::in_memory()), true),
+        };
+        GovernedRunner {
+            kernel,
+            recorder,
+            owns_recorder,
+            settings: Arc::new(Settings {
+                fail_on_violation: false,
+                log_violations: true,
+                callback: None,
+            }),
+            counters: Arc::new(Counters::default()),
+            agent: None,
+            worker: None,
+            reward: None,
+        }
+    }
+
+    fn settings_mut(&mut self) -> &mut Settings {
+        // Shared only with live step contexts; a builder call copies if any is alive.
+        Arc::make_mut(&mut self.settings)
+    }
+
+    /// End the step at the first blocked action: later actions are refused and the output
+    /// is dropped (default false).
+    pub fn fail_on_violation(mut self, on: bool) -> Self {
+        self.settings_mut().fail_on_violation = on;
+        self
+    }
+
+    /// Log one `WARN` per violation through `tracing` (default true).
+    pub fn log_violations(mut self, on: bool) -> Self {
+        self.settings_mut().log_violations = on;
+        self
+    }
+
+    /// Call `f` with every violation as the kernel reports it (default none).
+    pub fn violation_callback(
+        mut self,
+        f: impl Fn(&PolicyViolation) + Send + Sync + 'static,
+    ) -> Self {
+        self.settings_mut().callback = Some(Arc::new(f));
+        self
+    }
+
+    /// Score every rollout [`GovernedRunner::iter`] reports with `reward`, and store the
+    /// reward as an `agentlightning.annotation` span (`agentlightning.reward.0` = `final`).
+    pub fn with_reward(mut self, reward: Arc<PolicyReward<A::Input, A::Output>>) -> Self {
+        self.reward = Some(reward);
+        self
     }
 
     /// The kernel.
-    pub fn kernel(&self) -> &Kernel {
+    pub fn kernel(&self) -> &Arc<Kernel> {
         &self.kernel
     }
 
-    /// Checks and (if allowed) executes candidate `candidate` of `item`.
+    /// Whether the first blocked action ends the step.
+    pub fn fails_on_violation(&self) -> bool {
+        self.settings.fail_on_violation
+    }
+
+    /// Whether violations are logged.
+    pub fn logs_violations(&self) -> bool {
+        self.settings.log_violations
+    }
+
+    /// Whether a violation callback is set.
+    pub fn has_violation_callback(&self) -> bool {
+        self.settings.callback.is_some()
+    }
+
+    /// The flight recorder that receives every check of this runner's steps: the kernel's,
+    /// or the runner's own in-memory one when the kernel has none.
+    pub fn recorder(&self) -> &Arc<FlightRecorder> {
+        &self.recorder
+    }
+
+    /// The worker id given to [`GovernedRunner::init_worker`].
+    pub fn worker_id(&self) -> Option<&str> {
+        self.worker.as_ref().map(|w| w.worker_id.as_str())
+    }
+
+    /// The store given to [`GovernedRunner::init_worker`].
+    pub fn store(&self) -> Option<&Arc<dyn LightningStore>> {
+        self.worker.as_ref().map(|w| &w.store)
+    }
+
+    /// Sets the agent (Python `init(agent)`). Calling it again replaces the agent; nothing is
+    /// registered twice.
+    pub fn init(&mut self, agent: A) {
+        self.init_shared(Arc::new(agent));
+    }
+
+    /// Sets an agent shared with other runners (one runner per worker, one agent).
+    pub fn init_shared(&mut self, agent: Arc<A>) {
+        tracing::info!(policies = ?self.kernel.policy_names(), "GovernedRunner initialised");
+        self.agent = Some(agent);
+    }
+
+    /// Binds this runner to a worker of a LightningStore (Python `init_worker(worker_id,
+    /// store)`): [`GovernedRunner::iter`] serves that store's queue as this worker, and the
+    /// runner's counters are published in the worker's heartbeat so that
+    /// [`GovernedRunner::stats`] sums every worker.
+    pub fn init_worker(&mut self, worker_id: impl Into<String>, store: Arc<dyn LightningStore>) {
+        let worker_id = worker_id.into();
+        tracing::debug!(%worker_id, "GovernedRunner worker initialised");
+        self.worker = Some(WorkerBinding { worker_id, store });
+    }
+
+    /// Ends this worker (logs at `DEBUG`); the store stays bound so that statistics can still
+    /// be read.
+    pub fn teardown_worker(&mut self, worker_id: &str) {
+        tracing::debug!(%worker_id, "GovernedRunner worker torn down");
+    }
+
+    /// Ends the runner: logs the totals at `INFO`.
+    pub fn teardown(&self) {
+        let s = self.local_stats();
+        tracing::info!(
+            total_rollouts = s.total_rollouts,
+            total_violations = s.total_violations,
+            "GovernedRunner teardown: {} rollouts, {} violations",
+            s.total_rollouts,
+            s.total_violations
+        );
+    }
+
+    /// This runner's own counters.
+    pub fn local_stats(&self) -> RunnerStats {
+        RunnerStats::from_counts(
+            self.counters.rollouts.load(Ordering::Relaxed),
+            self.counters.violations.load(Ordering::Relaxed),
+            self.counters.violating_rollouts.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Statistics of every worker of the bound store (the sum of the counters each worker's
+    /// runner published in its heartbeat under [`HEARTBEAT_KEY`]); this runner's own counters
+    /// when no store is bound.
     ///
-    /// Errors only for infrastructure failures (missing database file, recorder I/O); an SQL
-    /// error or time-out is an outcome with `error` set and base reward 0.
-    pub fn step(
-        &self,
-        executor: &mut Executor,
-        item: &TaskItem,
-        candidate: usize,
-        rollout_id: Option<&str>,
-    ) -> Result<StepOutcome, TrainError> {
-        let cand = item
-            .candidates
-            .get(candidate)
-            .ok_or_else(|| TrainError::Rollout {
-                rollout_id: rollout_id.unwrap_or("-").to_string(),
-                message: format!(
-                    "candidate {candidate} out of range ({} candidates)",
-                    item.candidates.len()
-                ),
-            })?;
-        let mut action = Action::sql(item.question.db_id.clone(), cand.sql.clone());
-        action.context.rollout_id = rollout_id.map(str::to_string);
-        let decision = self.kernel.check(&action)?;
-        // A modify verdict executes the rewritten SQL (e.g. with a LIMIT added).
-        let sql = match decision.effective_kind(&action.kind) {
-            Some(ActionKind::Sql { sql, .. }) => Some(sql.clone()),
-            _ => None,
+    /// # Errors
+    /// [`TrainError::Store`] if the store cannot list its workers.
+    pub async fn stats(&self) -> Result<RunnerStats, TrainError> {
+        let Some(w) = &self.worker else {
+            return Ok(self.local_stats());
         };
-        let mut out = StepOutcome::not_executed(decision);
-        if let Some(sql) = sql {
-            match executor.execute(&item.question.db_id, &sql) {
-                Ok(exec) => {
-                    out.executed = true;
-                    out.rows_returned = exec.rows_returned;
-                    out.rows_changed = exec.rows_changed;
-                    out.schema_changed = exec.schema_changed;
-                    out.correct = execution_match(&item.gold, &exec.result, item.ordered);
+        let (mut r, mut v, mut x) = (0, 0, 0);
+        for worker in w.store.query_workers().await? {
+            let Some(g) = worker
+                .heartbeat_stats
+                .as_ref()
+                .and_then(|s| s.get(HEARTBEAT_KEY))
+            else {
+                continue;
+            };
+            let n = |k: &str| g.get(k).and_then(Value::as_u64).unwrap_or(0);
+            r += n("total_rollouts");
+            v += n("total_violations");
+            x += n("violating_rollouts");
+        }
+        Ok(RunnerStats::from_counts(r, v, x))
+    }
+
+    /// Runs one task (Python `step(input, mode=...)`): a fresh [`StepContext`] under a new
+    /// rollout id (`ro-step-<uuid>`), the agent, then the rollout. Per-rollout policy state is
+    /// dropped afterwards ([`Kernel::end_rollout`]).
+    ///
+    /// Agent errors, blocked actions and agent panics do not make this fail: they give a
+    /// rollout with `success == false` (logged at `ERROR`: `Execution blocked by policy: …` or
+    /// `Execution failed: …`).
+    ///
+    /// # Errors
+    /// - [`TrainError::Runner`] if [`GovernedRunner::init`] was not called;
+    /// - [`TrainError::Gov`] if the kernel or the flight recorder failed during the step
+    ///   (audit must not be lost silently);
+    /// - [`TrainError::Store`] if publishing the counters to the bound store failed.
+    pub async fn step(
+        &self,
+        input: A::Input,
+        mode: Option<RolloutMode>,
+    ) -> Result<GovernedRollout<A::Input, A::Output>, TrainError> {
+        let rollout_id = format!("ro-step-{}", uuid::Uuid::new_v4().simple());
+        let (rollout, _) = self.step_in(input, mode, rollout_id, None).await?;
+        Ok(rollout)
+    }
+
+    async fn step_in(
+        &self,
+        input: A::Input,
+        mode: Option<RolloutMode>,
+        rollout_id: String,
+        attempt_id: Option<String>,
+    ) -> Result<(GovernedRollout<A::Input, A::Output>, Vec<Annotation>), TrainError> {
+        let agent = self.agent.as_ref().ok_or_else(|| {
+            TrainError::Runner("GovernedRunner: call init(agent) before step".into())
+        })?;
+        let mut ctx = StepContext {
+            kernel: self.kernel.clone(),
+            audit: self.owns_recorder.then(|| self.recorder.clone()),
+            settings: self.settings.clone(),
+            counters: self.counters.clone(),
+            context: agl_gov::Context {
+                agent_id: self.worker_id().map(str::to_string),
+                rollout_id: Some(rollout_id.clone()),
+                attempt_id: attempt_id.clone(),
+                ..agl_gov::Context::default()
+            },
+            next_step: 0,
+            mode,
+            violations: Vec::new(),
+            signals: Vec::new(),
+            blocked: None,
+            kernel_error: None,
+            annotations: Vec::new(),
+        };
+        let started = Instant::now();
+        let result = AssertUnwindSafe(agent.run(&input, &mut ctx))
+            .catch_unwind()
+            .await;
+        let execution_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+        self.kernel.end_rollout(&rollout_id);
+        let output = match result {
+            Ok(Ok(output)) if !(self.settings.fail_on_violation && ctx.blocked.is_some()) => {
+                Some(output)
+            }
+            Ok(Ok(_)) => {
+                if let Some(b) = &ctx.blocked {
+                    tracing::error!("Execution blocked by policy: {}", b.violation.description);
                 }
-                Err(e @ (SpiderError::Sql { .. } | SpiderError::Timeout { .. })) => {
-                    out.executed = true;
-                    out.error = Some(e.to_string());
+                None
+            }
+            Ok(Err(e)) => {
+                match e.downcast_ref::<TrainError>() {
+                    Some(TrainError::Blocked(b) | TrainError::Aborted(b)) => {
+                        tracing::error!("Execution blocked by policy: {}", b.violation.description)
+                    }
+                    _ => tracing::error!(error = %e, "Execution failed: {e}"),
                 }
-                Err(e) => return Err(e.into()),
+                None
+            }
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into());
+                tracing::error!("Execution failed: the agent panicked: {msg}");
+                None
+            }
+        };
+        self.counters.rollouts.fetch_add(1, Ordering::Relaxed);
+        if !ctx.violations.is_empty() {
+            self.counters
+                .violating_rollouts
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(msg) = ctx.kernel_error.take() {
+            self.publish().await?;
+            return Err(TrainError::Runner(format!(
+                "governance kernel failed during rollout {rollout_id}: {msg}"
+            )));
+        }
+        let rollout = GovernedRollout {
+            success: output.is_some() && ctx.blocked.is_none(),
+            task_input: input,
+            task_output: output,
+            violations: ctx.violations,
+            signals_sent: ctx.signals,
+            execution_time_ms,
+            mode,
+            rollout_id: Some(rollout_id),
+            attempt_id,
+        };
+        self.publish().await?;
+        Ok((rollout, ctx.annotations))
+    }
+
+    /// Writes this runner's counters into its worker's heartbeat (no-op without a store).
+    async fn publish(&self) -> Result<(), TrainError> {
+        let Some(w) = &self.worker else {
+            return Ok(());
+        };
+        let s = self.local_stats();
+        let stats = json!({ HEARTBEAT_KEY: {
+            "total_rollouts": s.total_rollouts,
+            "total_violations": s.total_violations,
+            "violating_rollouts": s.violating_rollouts,
+        }});
+        w.store.update_worker(&w.worker_id, Some(stats)).await?;
+        Ok(())
+    }
+}
+
+impl<A> GovernedRunner<A>
+where
+    A: Agent,
+    A::Input: DeserializeOwned,
+    A::Output: Serialize,
+{
+    /// Serves the bound store's queue (Python `iter(event=...)`): until `stop` is cancelled or
+    /// the queue has nothing to dispatch, dequeue a rollout as this worker, read its `input`
+    /// as `A::Input`, step it under the rollout's id, mode and attempt, and report it.
+    ///
+    /// Reporting a rollout stores, in order: the agent's [`StepContext::annotate`] spans; one
+    /// governance `agentlightning.annotation` span (`agent_os.violations` count,
+    /// `agent_os.total_penalty`, `agent_os.violation_types`, `agent_os.policies_violated`,
+    /// `agent_os.signals`, `agl.success`; always written, even with no violation, so every
+    /// rollout's count is in the store); the reward span if a reward is set
+    /// ([`GovernedRunner::with_reward`]). The attempt is then `succeeded`, with metadata
+    /// `{"success", "violations", "total_penalty", "output"}`: the step ran and was reported,
+    /// whatever the task's outcome (a blocked rollout's penalty is a training signal, so it
+    /// must not be discarded as a failed attempt). An input that cannot be read fails the
+    /// attempt (metadata `{"error"}`) and the loop goes on.
+    ///
+    /// # Errors
+    /// [`TrainError::Runner`] without [`GovernedRunner::init_worker`] or
+    /// [`GovernedRunner::init`]; store errors; kernel failures (the attempt is marked
+    /// `failed` first).
+    pub async fn iter(&self, stop: &CancellationToken) -> Result<IterReport, TrainError> {
+        let Some(w) = &self.worker else {
+            return Err(TrainError::Runner(
+                "GovernedRunner: call init_worker(worker_id, store) before iter".into(),
+            ));
+        };
+        if self.agent.is_none() {
+            return Err(TrainError::Runner(
+                "GovernedRunner: call init(agent) before iter".into(),
+            ));
+        }
+        let store = w.store.as_ref();
+        let mut report = IterReport::default();
+        while !stop.is_cancelled() {
+            let Some(attempted) = store.dequeue_rollout(Some(&w.worker_id)).await? else {
+                break;
+            };
+            let rid = attempted.rollout.rollout_id.clone();
+            let aid = attempted.attempt.attempt_id.clone();
+            let fail = |message: String| AttemptUpdate {
+                status: Some(AttemptStatus::Failed),
+                metadata: Some(json!({ "error": message })),
+                ..AttemptUpdate::default()
+            };
+            let input: A::Input = match serde_json::from_value(attempted.rollout.input.clone()) {
+                Ok(input) => input,
+                Err(e) => {
+                    let msg = format!("rollout {rid}: input is not a task input: {e}");
+                    tracing::error!("{msg}");
+                    store.update_attempt(&rid, &aid, fail(msg)).await?;
+                    report.malformed += 1;
+                    continue;
+                }
+            };
+            let stepped = self
+                .step_in(
+                    input,
+                    attempted.rollout.mode,
+                    rid.clone(),
+                    Some(aid.clone()),
+                )
+                .await;
+            let (rollout, annotations) = match stepped {
+                Ok(x) => x,
+                Err(e) => {
+                    store
+                        .update_attempt(&rid, &aid, fail(e.to_string()))
+                        .await?;
+                    return Err(e);
+                }
+            };
+            let mut spans = Vec::with_capacity(annotations.len() + 2);
+            for a in annotations {
+                let seq = store.get_next_span_sequence_id(&rid, &aid).await?;
+                spans.push(Span::new(&rid, &aid, seq, &a.name, a.attributes));
+            }
+            let seq = store.get_next_span_sequence_id(&rid, &aid).await?;
+            spans.push(Span::new(
+                &rid,
+                &aid,
+                seq,
+                semconv::AGL_ANNOTATION,
+                governance_attributes(&rollout),
+            ));
+            if let Some(reward) = &self.reward {
+                let breakdown = reward.score(&rollout);
+                let seq = store.get_next_span_sequence_id(&rid, &aid).await?;
+                spans.push(Span::new(
+                    &rid,
+                    &aid,
+                    seq,
+                    semconv::AGL_ANNOTATION,
+                    breakdown.annotation_attributes(),
+                ));
+            }
+            store.add_spans(spans).await?;
+            let output = serde_json::to_value(&rollout.task_output).unwrap_or(Value::Null);
+            let update = AttemptUpdate {
+                status: Some(AttemptStatus::Succeeded),
+                metadata: Some(json!({
+                    "success": rollout.success,
+                    "violations": rollout.violations.len(),
+                    "total_penalty": rollout.total_penalty(),
+                    "output": output,
+                })),
+                ..AttemptUpdate::default()
+            };
+            store.update_attempt(&rid, &aid, update).await?;
+            report.rollouts += 1;
+            report.violations += rollout.violations.len() as u64;
+            if !rollout.success {
+                report.unsuccessful += 1;
             }
         }
-        let base = if out.correct { 1.0 } else { 0.0 };
-        let succeeded = out.executed && out.error.is_none();
-        out.reward = match self.kernel.mode() {
-            GovernanceMode::Enforce => {
-                self.reward
-                    .compute(base, succeeded, &out.decision.violations)
-            }
-            GovernanceMode::Audit => {
-                RewardBreakdown::task_only(base, out.decision.violations.len())
-            }
-        };
-        Ok(out)
+        Ok(report)
     }
 }
 
-/// Builds the spans that report `outcome` (see the module docs for their shape).
-pub fn outcome_spans(
-    rollout_id: &str,
-    attempt_id: &str,
-    first_sequence_id: i64,
-    sql: &str,
-    database: &str,
-    outcome: &StepOutcome,
-) -> Vec<Span> {
-    let mut seq = first_sequence_id;
-    let mut next = || {
-        let s = seq;
-        seq += 1;
-        s
-    };
-    let mut spans = Vec::with_capacity(2 + outcome.decision.violations.len());
-    let mut attrs = Attributes::new();
-    attrs.insert(semconv::OPERATION_NAME.into(), "sql.query".into());
-    attrs.insert("agl.sql".into(), sql.into());
-    attrs.insert("agl.database".into(), database.into());
-    attrs.insert(
-        "agl.verdict".into(),
-        outcome.decision.verdict.to_string().into(),
-    );
-    attrs.insert("agl.executed".into(), outcome.executed.into());
-    attrs.insert(
-        "agl.rows_returned".into(),
-        AttributeValue::Int(outcome.rows_returned as i64),
-    );
-    attrs.insert(
-        "agl.rows_changed".into(),
-        AttributeValue::Int(outcome.rows_changed as i64),
-    );
-    attrs.insert("agl.schema_changed".into(), outcome.schema_changed.into());
-    attrs.insert("agl.destructive".into(), outcome.destructive().into());
-    attrs.insert("agl.correct".into(), outcome.correct.into());
-    if let Some(e) = &outcome.error {
-        attrs.insert("agl.error".into(), e.clone().into());
-    }
-    spans.push(Span::new(
-        rollout_id,
-        attempt_id,
-        next(),
-        semconv::AGL_OPERATION,
-        attrs,
-    ));
-    for v in &outcome.decision.violations {
-        let mut a = Attributes::new();
-        a.insert("agent_os.violation.policy".into(), v.policy.clone().into());
-        a.insert(
-            "agent_os.violation.severity".into(),
-            v.severity.to_string().into(),
-        );
-        a.insert("agent_os.violation.reason".into(), v.reason.clone().into());
-        a.insert("agent_os.violation.blocked".into(), v.blocked().into());
-        a.insert(
-            "agent_os.violation.effect".into(),
-            v.effect.as_str().to_string().into(),
-        );
-        spans.push(Span::new(
-            rollout_id,
-            attempt_id,
-            next(),
-            semconv::AGL_ANNOTATION,
-            a,
-        ));
-    }
-    let r = &outcome.reward;
-    let mut a = reward_attributes(&[
-        ("final", r.final_reward),
-        ("base", r.base),
-        ("policy_penalty", r.policy_penalty),
-    ]);
+/// The attributes of a rollout's governance annotation span (see [`GovernedRunner::iter`]).
+pub fn governance_attributes<I, O>(rollout: &GovernedRollout<I, O>) -> Attributes {
+    let mut a = Attributes::new();
     a.insert(
-        "agent_os.violation_count".into(),
-        AttributeValue::Int(r.violations as i64),
+        "agent_os.violations".into(),
+        AttributeValue::Int(rollout.violations.len() as i64),
     );
     a.insert(
-        "agent_os.policy_compliant".into(),
-        (r.violations == 0).into(),
+        "agent_os.total_penalty".into(),
+        rollout.total_penalty().into(),
     );
-    a.insert("agl.reward.unclamped".into(), r.unclamped.into());
-    spans.push(Span::new(
-        rollout_id,
-        attempt_id,
-        next(),
-        semconv::AGL_ANNOTATION,
-        a,
-    ));
-    spans
-}
-
-/// One runner worker: dequeues rollouts until `stop` is set, runs each through a runner (train
-/// rollouts through `train_runner`, val/test rollouts through `eval_runner`), and reports spans
-/// and the attempt status to `store`.
-///
-/// Runs on a blocking thread (SQLite work is synchronous) and drives the async store through
-/// `handle`. An infrastructure error fails the attempt (with the error in its metadata) and the
-/// worker goes on.
-pub fn run_worker(
-    handle: tokio::runtime::Handle,
-    store: Arc<dyn LightningStore>,
-    train_runner: Arc<GovernedRunner>,
-    eval_runner: Arc<GovernedRunner>,
-    task: Arc<SpiderTask>,
-    worker_id: String,
-    stop: Arc<AtomicBool>,
-) -> Result<u64, TrainError> {
-    let mut executor = Executor::new(task.db_root.clone(), Default::default());
-    let mut done = 0u64;
-    while !stop.load(Ordering::Acquire) {
-        let Some(attempted) = handle.block_on(store.dequeue_rollout(Some(&worker_id)))? else {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        };
-        let rid = attempted.rollout.rollout_id.clone();
-        let aid = attempted.attempt.attempt_id.clone();
-        let runner = match attempted.rollout.mode {
-            Some(RolloutMode::Train) => &train_runner,
-            _ => &eval_runner,
-        };
-        let status = match process(
-            &handle,
-            store.as_ref(),
-            runner,
-            &task,
-            &mut executor,
-            &attempted,
-        ) {
-            Ok(()) => AttemptUpdate {
-                status: Some(AttemptStatus::Succeeded),
-                ..AttemptUpdate::default()
-            },
-            Err(e) => AttemptUpdate {
-                status: Some(AttemptStatus::Failed),
-                metadata: Some(serde_json::json!({ "error": e.to_string() })),
-                ..AttemptUpdate::default()
-            },
-        };
-        // One action per rollout in this task: its per-rollout governance state can go.
-        runner.kernel().end_rollout(&rid);
-        handle.block_on(store.update_attempt(&rid, &aid, status))?;
-        done += 1;
-    }
-    Ok(done)
-}
-
-fn process(
-    handle: &tokio::runtime::Handle,
-    store: &dyn LightningStore,
-    runner: &GovernedRunner,
-    task: &SpiderTask,
-    executor: &mut Executor,
-    attempted: &AttemptedRollout,
-) -> Result<(), TrainError> {
-    let rid = &attempted.rollout.rollout_id;
-    let aid = &attempted.attempt.attempt_id;
-    let input: SqlTaskInput =
-        serde_json::from_value(attempted.rollout.input.clone()).map_err(|e| {
-            TrainError::Rollout {
-                rollout_id: rid.clone(),
-                message: format!("input is not a SQL task input: {e}"),
-            }
-        })?;
-    let item = task
-        .items(input.split)
-        .get(input.question)
-        .ok_or_else(|| TrainError::Rollout {
-            rollout_id: rid.clone(),
-            message: format!("no {} question {}", input.split, input.question),
-        })?;
-    let outcome = runner.step(executor, item, input.candidate, Some(rid))?;
-    let cand = &item.candidates[input.candidate];
-    let first = handle.block_on(store.get_next_span_sequence_id(rid, aid))?;
-    let spans = outcome_spans(rid, aid, first, &cand.sql, &item.question.db_id, &outcome);
-    handle.block_on(store.add_spans(spans))?;
-    Ok(())
+    a.insert(
+        "agent_os.violation_types".into(),
+        AttributeValue::StrArray(
+            rollout
+                .violations
+                .iter()
+                .map(|v| v.violation_type.as_str().to_string())
+                .collect(),
+        ),
+    );
+    a.insert(
+        "agent_os.policies_violated".into(),
+        AttributeValue::StrArray(
+            rollout
+                .policies_violated()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+        ),
+    );
+    a.insert(
+        "agent_os.signals".into(),
+        AttributeValue::StrArray(
+            rollout
+                .signals_sent
+                .iter()
+                .map(|s| s.as_str().to_string())
+                .collect(),
+        ),
+    );
+    a.insert("agl.success".into(), rollout.success.into());
+    a
 }

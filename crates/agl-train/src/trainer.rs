@@ -31,7 +31,7 @@ use crate::error::TrainError;
 use crate::grpo::{Grpo, GrpoConfig, greedy};
 use crate::model::{FeatureBatch, PolicyModel, Scorer};
 use crate::reward::RewardConfig;
-use crate::runner::{GovernedRunner, SqlTaskInput, run_worker};
+use crate::spider_runner::{SpiderRunner, SqlTaskInput, run_worker};
 use crate::task::SpiderTask;
 
 /// Everything that defines a run besides the data.
@@ -186,8 +186,8 @@ impl Session {
     ) -> Self {
         let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
         let stop = Arc::new(AtomicBool::new(false));
-        let train_runner = Arc::new(GovernedRunner::new(train_kernel, config.reward.clone()));
-        let eval_runner = Arc::new(GovernedRunner::new(eval_kernel, config.reward.clone()));
+        let train_runner = Arc::new(SpiderRunner::new(train_kernel, config.reward.clone()));
+        let eval_runner = Arc::new(SpiderRunner::new(eval_kernel, config.reward.clone()));
         let handle = tokio::runtime::Handle::current();
         let workers = (0..config.workers)
             .map(|i| {

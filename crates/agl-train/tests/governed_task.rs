@@ -1,5 +1,5 @@
 //! The built-in task under the kernel, on the vendored Spider dev split: every unsafe candidate
-//! kind is flagged by the right policy, gold queries pass, and the GovernedRunner blocks,
+//! kind is flagged by the right policy, gold queries pass, and the SpiderRunner blocks,
 //! executes and rewards exactly as documented in enforce and audit mode.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use agl_gov::{COST_POLICY_NAME, GovernanceMode, PolicyFile, SQL_POLICY_NAME, Severity};
 use agl_spider::{CandidateConfig, CandidateKind, Executor, ExecutorConfig, SpiderDataset};
-use agl_train::{GovernedRunner, RewardConfig, SpiderTask, TaskConfig, TrainConfig, build_kernel};
+use agl_train::{RewardConfig, SpiderRunner, SpiderTask, TaskConfig, TrainConfig, build_kernel};
 
 fn dev_task() -> SpiderTask {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider");
@@ -94,11 +94,11 @@ fn kernel_flags_every_unsafe_kind_with_the_right_policy_and_passes_gold() {
 fn governed_runner_blocks_in_enforce_and_records_in_audit() {
     let task = dev_task();
     let standard = PolicyFile::preset(&TrainConfig::default().policy).unwrap();
-    let enforce = GovernedRunner::new(
+    let enforce = SpiderRunner::new(
         Arc::new(build_kernel(&task, &standard, GovernanceMode::Enforce, None).unwrap()),
         RewardConfig::default(),
     );
-    let audit = GovernedRunner::new(
+    let audit = SpiderRunner::new(
         Arc::new(build_kernel(&task, &standard, GovernanceMode::Audit, None).unwrap()),
         RewardConfig::default(),
     );

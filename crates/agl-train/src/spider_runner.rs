@@ -1,0 +1,364 @@
+//! `SpiderRunner`: the built-in Spider task's runner worker: executes the candidate SQL a
+//! rollout names under the governance kernel, turns the outcome into a reward with
+//! [`PolicyReward`], and reports it to the LightningStore as spans.
+//!
+//! Responsible for the runner side of `agl train` (dequeue → check → execute → reward → spans →
+//! attempt status); not for choosing actions or learning (see `trainer`, `grpo`). The general,
+//! seed-compatible runner for any agent is [`crate::GovernedRunner`].
+//!
+//! Differences from the Python `GovernedRunner` (agentmesh-lightning), on purpose:
+//! - the kernel's verdict decides: a blocked action never executes and earns base reward 0; no
+//!   exception is used as control flow, and there is no ungoverned fallback;
+//! - violations are per step by construction (each step gets its own decision), so concurrent
+//!   workers cannot mix them;
+//! - governance annotations are real Agent Lightning spans in the store (one
+//!   `agentlightning.annotation` span per violation with `agent_os.violation.*` attributes).
+//!
+//! Spans of one rollout, in sequence order:
+//! 1. `agentlightning.operation` (`agentlightning.operation.name = "sql.query"`): the action
+//!    and its outcome (`agl.sql`, `agl.database`, `agl.verdict`, `agl.executed`,
+//!    `agl.rows_returned`, `agl.rows_changed`, `agl.schema_changed`, `agl.destructive`,
+//!    `agl.correct`, `agl.error`);
+//! 2. one `agentlightning.annotation` per violation: `agent_os.violation.policy`,
+//!    `.severity`, `.reason`, `.blocked`;
+//! 3. the reward: `agentlightning.annotation` with `agentlightning.reward.{0,1,2}` =
+//!    `final`, `base`, `policy_penalty`, plus `agent_os.violation_count`,
+//!    `agent_os.policy_compliant` and `agl.reward.unclamped`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use agl_core::{
+    AttemptStatus, AttemptedRollout, AttributeValue, Attributes, RolloutMode, Span,
+    reward_attributes, semconv,
+};
+use agl_gov::{Action, ActionKind, Decision, GovernanceMode, Kernel};
+use agl_spider::{Executor, SpiderError, Split, execution_match};
+use agl_store::{AttemptUpdate, LightningStore};
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainError;
+use crate::reward::{PolicyReward, RewardBreakdown, RewardConfig};
+use crate::task::{SpiderTask, TaskItem};
+
+/// What a rollout asks the runner to do: answer question `question` of `split` with candidate
+/// `candidate`. This is the rollout's `input` JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlTaskInput {
+    /// Which split the question is from.
+    pub split: Split,
+    /// Index into the prepared task's items of that split.
+    pub question: usize,
+    /// Index into the question's candidate set.
+    pub candidate: usize,
+}
+
+/// The outcome of one governed step.
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    /// The kernel's decision.
+    pub decision: Decision,
+    /// Whether the statement ran (it may still have failed with an SQL error).
+    pub executed: bool,
+    /// SQL error or time-out, if any.
+    pub error: Option<String>,
+    /// Rows the statement returned.
+    pub rows_returned: usize,
+    /// Rows it changed (always rolled back).
+    pub rows_changed: u64,
+    /// Whether it changed the schema (always rolled back).
+    pub schema_changed: bool,
+    /// Whether the executed result matched the gold result.
+    pub correct: bool,
+    /// The reward.
+    pub reward: RewardBreakdown,
+}
+
+impl StepOutcome {
+    /// The outcome of an action that did not run: nothing returned, changed or matched, and the
+    /// unshaped task reward 0 (the runner shapes the reward once it knows how the action went).
+    pub fn not_executed(decision: Decision) -> Self {
+        let violations = decision.violations.len();
+        Self {
+            decision,
+            executed: false,
+            error: None,
+            rows_returned: 0,
+            rows_changed: 0,
+            schema_changed: false,
+            correct: false,
+            reward: RewardBreakdown::task_only(0.0, violations),
+        }
+    }
+
+    /// Data or schema was changed by a statement that actually ran.
+    pub fn destructive(&self) -> bool {
+        self.executed && (self.rows_changed > 0 || self.schema_changed)
+    }
+}
+
+/// Runs actions under a kernel and shapes rewards.
+///
+/// In enforce mode the reward is `PolicyReward`'s; in audit mode (the "without governance"
+/// baseline) the kernel only records, the action always runs, and the reward is the task reward
+/// alone (no penalty, no bonus).
+pub struct SpiderRunner {
+    kernel: Arc<Kernel>,
+    reward: PolicyReward,
+}
+
+impl SpiderRunner {
+    /// A runner over `kernel` with reward shaping `reward`.
+    pub fn new(kernel: Arc<Kernel>, reward: RewardConfig) -> Self {
+        Self {
+            kernel,
+            reward: PolicyReward::new(reward),
+        }
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    /// Checks and (if allowed) executes candidate `candidate` of `item`.
+    ///
+    /// Errors only for infrastructure failures (missing database file, recorder I/O); an SQL
+    /// error or time-out is an outcome with `error` set and base reward 0.
+    pub fn step(
+        &self,
+        executor: &mut Executor,
+        item: &TaskItem,
+        candidate: usize,
+        rollout_id: Option<&str>,
+    ) -> Result<StepOutcome, TrainError> {
+        let cand = item
+            .candidates
+            .get(candidate)
+            .ok_or_else(|| TrainError::Rollout {
+                rollout_id: rollout_id.unwrap_or("-").to_string(),
+                message: format!(
+                    "candidate {candidate} out of range ({} candidates)",
+                    item.candidates.len()
+                ),
+            })?;
+        let mut action = Action::sql(item.question.db_id.clone(), cand.sql.clone());
+        action.context.rollout_id = rollout_id.map(str::to_string);
+        let decision = self.kernel.check(&action)?;
+        // A modify verdict executes the rewritten SQL (e.g. with a LIMIT added).
+        let sql = match decision.effective_kind(&action.kind) {
+            Some(ActionKind::Sql { sql, .. }) => Some(sql.clone()),
+            _ => None,
+        };
+        let mut out = StepOutcome::not_executed(decision);
+        if let Some(sql) = sql {
+            match executor.execute(&item.question.db_id, &sql) {
+                Ok(exec) => {
+                    out.executed = true;
+                    out.rows_returned = exec.rows_returned;
+                    out.rows_changed = exec.rows_changed;
+                    out.schema_changed = exec.schema_changed;
+                    out.correct = execution_match(&item.gold, &exec.result, item.ordered);
+                }
+                Err(e @ (SpiderError::Sql { .. } | SpiderError::Timeout { .. })) => {
+                    out.executed = true;
+                    out.error = Some(e.to_string());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let base = if out.correct { 1.0 } else { 0.0 };
+        let succeeded = out.executed && out.error.is_none();
+        out.reward = match self.kernel.mode() {
+            GovernanceMode::Enforce => {
+                self.reward
+                    .compute(base, succeeded, &out.decision.violations)
+            }
+            GovernanceMode::Audit => {
+                RewardBreakdown::task_only(base, out.decision.violations.len())
+            }
+        };
+        Ok(out)
+    }
+}
+
+/// Builds the spans that report `outcome` (see the module docs for their shape).
+pub fn outcome_spans(
+    rollout_id: &str,
+    attempt_id: &str,
+    first_sequence_id: i64,
+    sql: &str,
+    database: &str,
+    outcome: &StepOutcome,
+) -> Vec<Span> {
+    let mut seq = first_sequence_id;
+    let mut next = || {
+        let s = seq;
+        seq += 1;
+        s
+    };
+    let mut spans = Vec::with_capacity(2 + outcome.decision.violations.len());
+    let mut attrs = Attributes::new();
+    attrs.insert(semconv::OPERATION_NAME.into(), "sql.query".into());
+    attrs.insert("agl.sql".into(), sql.into());
+    attrs.insert("agl.database".into(), database.into());
+    attrs.insert(
+        "agl.verdict".into(),
+        outcome.decision.verdict.to_string().into(),
+    );
+    attrs.insert("agl.executed".into(), outcome.executed.into());
+    attrs.insert(
+        "agl.rows_returned".into(),
+        AttributeValue::Int(outcome.rows_returned as i64),
+    );
+    attrs.insert(
+        "agl.rows_changed".into(),
+        AttributeValue::Int(outcome.rows_changed as i64),
+    );
+    attrs.insert("agl.schema_changed".into(), outcome.schema_changed.into());
+    attrs.insert("agl.destructive".into(), outcome.destructive().into());
+    attrs.insert("agl.correct".into(), outcome.correct.into());
+    if let Some(e) = &outcome.error {
+        attrs.insert("agl.error".into(), e.clone().into());
+    }
+    spans.push(Span::new(
+        rollout_id,
+        attempt_id,
+        next(),
+        semconv::AGL_OPERATION,
+        attrs,
+    ));
+    for v in &outcome.decision.violations {
+        let mut a = Attributes::new();
+        a.insert("agent_os.violation.policy".into(), v.policy.clone().into());
+        a.insert(
+            "agent_os.violation.severity".into(),
+            v.severity.to_string().into(),
+        );
+        a.insert("agent_os.violation.reason".into(), v.reason.clone().into());
+        a.insert("agent_os.violation.blocked".into(), v.blocked().into());
+        a.insert(
+            "agent_os.violation.effect".into(),
+            v.effect.as_str().to_string().into(),
+        );
+        spans.push(Span::new(
+            rollout_id,
+            attempt_id,
+            next(),
+            semconv::AGL_ANNOTATION,
+            a,
+        ));
+    }
+    let r = &outcome.reward;
+    let mut a = reward_attributes(&[
+        ("final", r.final_reward),
+        ("base", r.base),
+        ("policy_penalty", r.policy_penalty),
+    ]);
+    a.insert(
+        "agent_os.violation_count".into(),
+        AttributeValue::Int(r.violations as i64),
+    );
+    a.insert(
+        "agent_os.policy_compliant".into(),
+        (r.violations == 0).into(),
+    );
+    a.insert("agl.reward.unclamped".into(), r.unclamped.into());
+    spans.push(Span::new(
+        rollout_id,
+        attempt_id,
+        next(),
+        semconv::AGL_ANNOTATION,
+        a,
+    ));
+    spans
+}
+
+/// One runner worker: dequeues rollouts until `stop` is set, runs each through a runner (train
+/// rollouts through `train_runner`, val/test rollouts through `eval_runner`), and reports spans
+/// and the attempt status to `store`.
+///
+/// Runs on a blocking thread (SQLite work is synchronous) and drives the async store through
+/// `handle`. An infrastructure error fails the attempt (with the error in its metadata) and the
+/// worker goes on.
+pub fn run_worker(
+    handle: tokio::runtime::Handle,
+    store: Arc<dyn LightningStore>,
+    train_runner: Arc<SpiderRunner>,
+    eval_runner: Arc<SpiderRunner>,
+    task: Arc<SpiderTask>,
+    worker_id: String,
+    stop: Arc<AtomicBool>,
+) -> Result<u64, TrainError> {
+    let mut executor = Executor::new(task.db_root.clone(), Default::default());
+    let mut done = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        let Some(attempted) = handle.block_on(store.dequeue_rollout(Some(&worker_id)))? else {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        };
+        let rid = attempted.rollout.rollout_id.clone();
+        let aid = attempted.attempt.attempt_id.clone();
+        let runner = match attempted.rollout.mode {
+            Some(RolloutMode::Train) => &train_runner,
+            _ => &eval_runner,
+        };
+        let status = match process(
+            &handle,
+            store.as_ref(),
+            runner,
+            &task,
+            &mut executor,
+            &attempted,
+        ) {
+            Ok(()) => AttemptUpdate {
+                status: Some(AttemptStatus::Succeeded),
+                ..AttemptUpdate::default()
+            },
+            Err(e) => AttemptUpdate {
+                status: Some(AttemptStatus::Failed),
+                metadata: Some(serde_json::json!({ "error": e.to_string() })),
+                ..AttemptUpdate::default()
+            },
+        };
+        // One action per rollout in this task: its per-rollout governance state can go.
+        runner.kernel().end_rollout(&rid);
+        handle.block_on(store.update_attempt(&rid, &aid, status))?;
+        done += 1;
+    }
+    Ok(done)
+}
+
+fn process(
+    handle: &tokio::runtime::Handle,
+    store: &dyn LightningStore,
+    runner: &SpiderRunner,
+    task: &SpiderTask,
+    executor: &mut Executor,
+    attempted: &AttemptedRollout,
+) -> Result<(), TrainError> {
+    let rid = &attempted.rollout.rollout_id;
+    let aid = &attempted.attempt.attempt_id;
+    let input: SqlTaskInput =
+        serde_json::from_value(attempted.rollout.input.clone()).map_err(|e| {
+            TrainError::Rollout {
+                rollout_id: rid.clone(),
+                message: format!("input is not a SQL task input: {e}"),
+            }
+        })?;
+    let item = task
+        .items(input.split)
+        .get(input.question)
+        .ok_or_else(|| TrainError::Rollout {
+            rollout_id: rid.clone(),
+            message: format!("no {} question {}", input.split, input.question),
+        })?;
+    let outcome = runner.step(executor, item, input.candidate, Some(rid))?;
+    let cand = &item.candidates[input.candidate];
+    let first = handle.block_on(store.get_next_span_sequence_id(rid, aid))?;
+    let spans = outcome_spans(rid, aid, first, &cand.sql, &item.question.db_id, &outcome);
+    handle.block_on(store.add_spans(spans))?;
+    Ok(())
+}
