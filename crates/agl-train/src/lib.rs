@@ -1,24 +1,51 @@
 //! agl training: the governed runner, reward shaping, the span→triplet adapter, GRPO and the
 //! built-in candle policy model, wired into one loop over a LightningStore.
 //!
+//! # The seed API (agentmesh-lightning's names, in Rust)
+//! * [`GovernedRunner`] runs an [`Agent`] whose actions are checked through a [`StepContext`],
+//!   and returns [`GovernedRollout`]s with their [`PolicyViolation`]s; [`GovernedRunner::iter`]
+//!   serves a LightningStore queue, and statistics are summed over the store's workers.
+//! * [`PolicyReward`] / [`RewardConfig`] / [`policy_penalty`] / [`CompositeReward`] shape rewards.
+//! * [`GovernedEnvironment`] / [`EnvironmentConfig`] is a Gymnasium-style [`Environment`] over
+//!   any [`EnvTask`]; [`SpiderEnv`] is the multi-step Spider task; [`create_governed_env`].
+//! * [`FlightRecorderEmitter`] turns flight-recorder entries into [`LightningSpan`]s or store
+//!   spans.
+//!
+//! One severity→penalty table ([`SEVERITY_PENALTIES`]) serves violations, rewards and the
+//! environment. Each module's docs list where and why agl deliberately differs from the Python
+//! original; `python_compat` switches reproduce the Python numbers.
+//!
+//! # The built-in training loop
 //! The loop (see the repository's DESIGN): the trainer samples actions from the policy and
 //! enqueues rollouts; runner workers dequeue them, ask the governance kernel, execute what is
 //! allowed in a rolled-back sandbox, shape the reward with [`PolicyReward`], and report spans;
 //! the trainer reads the spans back as triplets and updates the policy with [`Grpo`].
 
 pub mod adapter;
+pub mod emitter;
+pub mod environment;
 pub mod error;
 pub mod features;
 pub mod grpo;
 pub mod model;
 pub mod reward;
 pub mod runner;
+pub mod spider_env;
 pub mod spider_runner;
 pub mod task;
 pub mod trainer;
 pub mod violation;
 
 pub use adapter::{RolloutResult, rollout_result, to_triplet};
+pub use emitter::{
+    EmitterConfig, EmitterStats, FlightRecorderEmitter, LightningSpan, ViolationSummary,
+    create_emitter,
+};
+pub use environment::{
+    ActionTask, Approval, EnvMetrics, EnvTask, Environment, EnvironmentConfig, EnvironmentState,
+    GovernedEnvironment, ResetInfo, Space, StepInfo, StepResult, TaskGenerator, TaskOutcome,
+    TaskRewardFn, ViolationRecord, create_governed_env,
+};
 pub use error::TrainError;
 pub use features::{FEATURE_DIM, SparseFeatures, featurize};
 pub use grpo::{Grpo, GrpoConfig, StepStats, group_advantages};
@@ -31,6 +58,7 @@ pub use runner::{
     Agent, AgentError, Annotation, Approved, GovernedRunner, HEARTBEAT_KEY, IterReport,
     RunnerStats, StepContext, ViolationCallback, governance_attributes,
 };
+pub use spider_env::{PREVIEW_ROWS, QueryFeedback, SpiderAction, SpiderEnv, SpiderObservation};
 pub use spider_runner::{SpiderRunner, SqlTaskInput, StepOutcome, outcome_spans, run_worker};
 pub use task::{PreparationReport, SpiderTask, TaskConfig, TaskItem};
 pub use trainer::{

@@ -141,13 +141,13 @@ impl RewardConfig {
 /// the table value of its severity. Explicit penalties, including 0, are kept. With
 /// `config.python_compat` explicit penalties are ignored, as Python's `policy_penalty` does.
 pub fn policy_penalty<V: Penalized>(violations: &[V], config: &RewardConfig) -> f64 {
+    // A fold from +0.0: `sum()` starts at −0.0, which would print as "-0" for no violations.
     violations
         .iter()
-        .map(|v| match v.explicit_penalty() {
-            Some(p) if !config.python_compat => -p.abs(),
-            _ => config.penalty_for(v.severity()),
+        .fold(0.0, |total, v| match v.explicit_penalty() {
+            Some(p) if !config.python_compat => total - p.abs(),
+            _ => total + config.penalty_for(v.severity()),
         })
-        .sum()
 }
 
 /// One reward computation, with every component a person needs to audit it.

@@ -291,7 +291,9 @@ impl<I, O> GovernedRollout<I, O> {
     /// Sum of the violations' [`PolicyViolation::penalty`] (a non-negative magnitude with the
     /// table values), derived on every call.
     pub fn total_penalty(&self) -> f64 {
-        self.violations.iter().map(PolicyViolation::penalty).sum()
+        self.violations
+            .iter()
+            .fold(0.0, |total, v| total + v.penalty())
     }
 
     /// Whether any action of the step was blocked.
