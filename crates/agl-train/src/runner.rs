@@ -557,8 +557,8 @@ impl<A: Agent> GovernedRunner<A> {
     ///
     /// # Errors
     /// - [`TrainError::Runner`] if [`GovernedRunner::init`] was not called;
-    /// - [`TrainError::Gov`] if the kernel or the flight recorder failed during the step
-    ///   (audit must not be lost silently);
+    /// - [`TrainError::Runner`] naming the failure if the kernel or the flight recorder failed
+    ///   during the step (audit must not be lost silently; the agent saw [`TrainError::Gov`]);
     /// - [`TrainError::Store`] if publishing the counters to the bound store failed.
     pub async fn step(
         &self,
