@@ -30,8 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use agl_core::{
-    AttemptStatus, AttemptedRollout, AttributeValue, Attributes, RolloutMode, Span,
-    reward_attributes, semconv,
+    AttemptStatus, AttemptedRollout, AttributeValue, Attributes, RolloutMode, Span, semconv,
 };
 use agl_gov::{Action, ActionKind, Decision, GovernanceMode, Kernel};
 use agl_spider::{Executor, SpiderError, Split, execution_match};
@@ -251,27 +250,12 @@ pub fn outcome_spans(
             a,
         ));
     }
-    let r = &outcome.reward;
-    let mut a = reward_attributes(&[
-        ("final", r.final_reward),
-        ("base", r.base),
-        ("policy_penalty", r.policy_penalty),
-    ]);
-    a.insert(
-        "agent_os.violation_count".into(),
-        AttributeValue::Int(r.violations as i64),
-    );
-    a.insert(
-        "agent_os.policy_compliant".into(),
-        (r.violations == 0).into(),
-    );
-    a.insert("agl.reward.unclamped".into(), r.unclamped.into());
     spans.push(Span::new(
         rollout_id,
         attempt_id,
         next(),
         semconv::AGL_ANNOTATION,
-        a,
+        outcome.reward.annotation_attributes(),
     ));
     spans
 }
