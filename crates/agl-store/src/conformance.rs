@@ -21,7 +21,8 @@ use agl_core::{
 use serde_json::{Map, Value, json};
 
 use crate::error::{EntityKind, StoreError};
-use crate::store::{AttemptUpdate, LightningStore, RolloutFilter, RolloutUpdate};
+use crate::query::RolloutQuery;
+use crate::store::{AttemptUpdate, LightningStore, RolloutUpdate};
 
 /// Outcome of one case: `Err` carries a message naming the failed expectation.
 pub type CaseResult = Result<(), String>;
@@ -101,7 +102,7 @@ async fn worker_status(
     store: &dyn LightningStore,
     worker_id: &str,
 ) -> Result<WorkerStatus, String> {
-    let workers = store.query_workers().await.ctx("query_workers")?;
+    let workers = store.list_workers().await.ctx("query_workers")?;
     workers
         .iter()
         .find(|w| w.worker_id == worker_id)
@@ -289,7 +290,7 @@ pub async fn happy_path(store: &dyn LightningStore) -> CaseResult {
         .ctx("wait")?;
     ensure_eq!(finished, vec![rollout], "wait result");
     let spans = store
-        .query_spans(&rid, Some("latest"))
+        .list_spans(&rid, Some("latest"))
         .await
         .ctx("query_spans")?;
     ensure_eq!(spans, vec![span], "spans of the latest attempt");
@@ -356,7 +357,7 @@ pub async fn retry_then_fail(store: &dyn LightningStore) -> CaseResult {
     );
     ensure!(rollout.end_time.is_some(), "failed rollout needs end_time");
     ensure_eq!(
-        store.query_attempts(&rid).await.ctx("attempts")?.len(),
+        store.list_attempts(&rid).await.ctx("attempts")?.len(),
         2,
         "attempt count"
     );
@@ -534,7 +535,7 @@ pub async fn duplicate_spans_dropped(store: &dyn LightningStore) -> CaseResult {
         seq2 + 1,
         "issued id of the dropped span stays consumed"
     );
-    let spans = store.query_spans(&rid, None).await.ctx("query")?;
+    let spans = store.list_spans(&rid, None).await.ctx("query")?;
     ensure_eq!(spans, vec![span.clone()], "only the first copy is kept");
 
     // The same span_id under another attempt is a different span.
@@ -659,7 +660,7 @@ pub async fn span_for_unknown_target(store: &dyn LightningStore) -> CaseResult {
         .await;
     ensure!(batch.is_err(), "batch with an unknown attempt must fail");
     ensure!(
-        store.query_spans(&rid, None).await.ctx("query")?.is_empty(),
+        store.list_spans(&rid, None).await.ctx("query")?.is_empty(),
         "a failed batch stores nothing"
     );
     let a = store
@@ -865,7 +866,7 @@ pub async fn workers_idle_busy(store: &dyn LightningStore) -> CaseResult {
             .is_none(),
         "empty queue"
     );
-    let idle = store.query_workers().await.ctx("workers")?;
+    let idle = store.list_workers().await.ctx("workers")?;
     ensure_eq!(idle.len(), 1, "worker upserted by an empty dequeue");
     ensure_eq!(
         idle[0].status,
@@ -883,7 +884,7 @@ pub async fn workers_idle_busy(store: &dyn LightningStore) -> CaseResult {
         .await
         .ctx("dequeue")?
         .ctx("dequeue")?;
-    let workers = store.query_workers().await.ctx("workers")?;
+    let workers = store.list_workers().await.ctx("workers")?;
     let busy = workers
         .iter()
         .find(|w| w.worker_id == "w-busy")
@@ -923,7 +924,7 @@ pub async fn workers_idle_busy(store: &dyn LightningStore) -> CaseResult {
         .update_attempt(&r.rollout_id, "latest", status(AttemptStatus::Succeeded))
         .await
         .ctx("succeed")?;
-    let workers = store.query_workers().await.ctx("workers")?;
+    let workers = store.list_workers().await.ctx("workers")?;
     let done = workers
         .iter()
         .find(|w| w.worker_id == "w-busy")
@@ -934,7 +935,7 @@ pub async fn workers_idle_busy(store: &dyn LightningStore) -> CaseResult {
     let fresh = store.update_worker("w-new", None).await.ctx("upsert")?;
     ensure_eq!(fresh.status, WorkerStatus::Unknown, "new worker status");
     let order: Vec<_> = store
-        .query_workers()
+        .list_workers()
         .await
         .ctx("workers")?
         .into_iter()
@@ -953,7 +954,7 @@ pub async fn workers_idle_busy(store: &dyn LightningStore) -> CaseResult {
         "non-object heartbeat_stats refused"
     );
     ensure_eq!(
-        store.query_workers().await.ctx("workers")?.len(),
+        store.list_workers().await.ctx("workers")?.len(),
         3,
         "refused call creates no worker"
     );
@@ -1197,7 +1198,7 @@ pub async fn query_spans_order_and_latest(store: &dyn LightningStore) -> CaseRes
             .ctx("add")?;
     }
     let names = |spans: Vec<Span>| spans.into_iter().map(|s| s.name).collect::<Vec<_>>();
-    let all = store.query_spans(&rid, None).await.ctx("query")?;
+    let all = store.list_spans(&rid, None).await.ctx("query")?;
     ensure_eq!(names(all), vec!["a", "b", "c1", "c2"], "order");
 
     let a2 = store
@@ -1210,18 +1211,18 @@ pub async fn query_spans_order_and_latest(store: &dyn LightningStore) -> CaseRes
         .add_span(plain_span(&rid, &a2, 4, "second"))
         .await
         .ctx("add")?;
-    let latest = store.query_spans(&rid, Some("latest")).await.ctx("query")?;
+    let latest = store.list_spans(&rid, Some("latest")).await.ctx("query")?;
     ensure_eq!(names(latest), vec!["second"], "latest attempt only");
-    let first = store.query_spans(&rid, Some(&a1)).await.ctx("query")?;
+    let first = store.list_spans(&rid, Some(&a1)).await.ctx("query")?;
     ensure_eq!(first.len(), 4, "first attempt only");
     ensure_eq!(
-        store.query_spans(&rid, None).await.ctx("query")?.len(),
+        store.list_spans(&rid, None).await.ctx("query")?.len(),
         5,
         "all attempts"
     );
     ensure!(
         store
-            .query_spans("ro-nope", None)
+            .list_spans("ro-nope", None)
             .await
             .ctx("query")?
             .is_empty(),
@@ -1233,7 +1234,7 @@ pub async fn query_spans_order_and_latest(store: &dyn LightningStore) -> CaseRes
         .ctx("enqueue")?;
     ensure!(
         store
-            .query_spans(&queued.rollout_id, Some("latest"))
+            .list_spans(&queued.rollout_id, Some("latest"))
             .await
             .ctx("query")?
             .is_empty(),
@@ -1257,24 +1258,29 @@ pub async fn query_rollouts_filters(store: &dyn LightningStore) -> CaseResult {
         .await
         .ctx("dequeue")?
         .ctx("dequeue")?;
-    let got = |rs: Vec<agl_core::Rollout>| rs.into_iter().map(|r| r.rollout_id).collect::<Vec<_>>();
+    let got = |rs: crate::query::Paginated<agl_core::AnyRollout>| {
+        rs.items
+            .into_iter()
+            .map(|r| r.rollout().rollout_id.clone())
+            .collect::<Vec<_>>()
+    };
     let all = store
-        .query_rollouts(RolloutFilter::default())
+        .query_rollouts(RolloutQuery::default())
         .await
         .ctx("query")?;
     ensure_eq!(got(all), ids.clone(), "all in creation order");
     let queuing = store
-        .query_rollouts(RolloutFilter {
-            status: Some(vec![RolloutStatus::Queuing]),
-            ..RolloutFilter::default()
+        .query_rollouts(RolloutQuery {
+            status_in: Some(vec![RolloutStatus::Queuing]),
+            ..RolloutQuery::default()
         })
         .await
         .ctx("query")?;
     ensure_eq!(got(queuing), ids[1..].to_vec(), "status filter");
     let by_id = store
-        .query_rollouts(RolloutFilter {
-            rollout_ids: Some(vec![ids[2].clone(), "ro-nope".into(), ids[0].clone()]),
-            ..RolloutFilter::default()
+        .query_rollouts(RolloutQuery {
+            rollout_id_in: Some(vec![ids[2].clone(), "ro-nope".into(), ids[0].clone()]),
+            ..RolloutQuery::default()
         })
         .await
         .ctx("query")?;
@@ -1284,21 +1290,22 @@ pub async fn query_rollouts_filters(store: &dyn LightningStore) -> CaseResult {
         "id filter"
     );
     let both = store
-        .query_rollouts(RolloutFilter {
-            rollout_ids: Some(vec![ids[0].clone(), ids[1].clone()]),
-            status: Some(vec![RolloutStatus::Preparing]),
+        .query_rollouts(RolloutQuery {
+            rollout_id_in: Some(vec![ids[0].clone(), ids[1].clone()]),
+            status_in: Some(vec![RolloutStatus::Preparing]),
+            ..RolloutQuery::default()
         })
         .await
         .ctx("query")?;
     ensure_eq!(got(both), vec![ids[0].clone()], "filters are ANDed");
     let none = store
-        .query_rollouts(RolloutFilter {
-            status: Some(vec![]),
-            ..RolloutFilter::default()
+        .query_rollouts(RolloutQuery {
+            status_in: Some(vec![]),
+            ..RolloutQuery::default()
         })
         .await
         .ctx("query")?;
-    ensure!(none.is_empty(), "empty status list matches nothing");
+    ensure!(none.items.is_empty(), "empty status list matches nothing");
     Ok(())
 }
 
@@ -1452,9 +1459,10 @@ pub async fn invalid_inputs_rejected(store: &dyn LightningStore) -> CaseResult {
     }
     ensure!(
         store
-            .query_rollouts(RolloutFilter::default())
+            .query_rollouts(RolloutQuery::default())
             .await
             .ctx("query")?
+            .items
             .is_empty(),
         "a refused batch creates nothing"
     );

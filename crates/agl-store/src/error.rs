@@ -41,8 +41,8 @@ pub enum StoreError {
         /// The id that was given (for attempts, possibly `"latest"`).
         id: String,
     },
-    /// A status transition the store refuses. The in-memory backend refuses none of the
-    /// explicit transitions of the protocol; backends with stricter policies use this variant.
+    /// A status transition the store refuses (see `lifecycle::check_attempt_transition` and
+    /// `lifecycle::check_rollout_transition`); the message names both statuses and the rule.
     #[error("{kind} `{id}` cannot go from `{from}` to `{to}`: {reason}")]
     InvalidTransition {
         /// What would have changed.

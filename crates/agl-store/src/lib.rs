@@ -9,11 +9,17 @@
 pub mod error;
 pub mod lifecycle;
 pub mod memory;
+pub mod query;
 pub mod store;
+pub mod sweeper;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
 pub use error::{EntityKind, StoreError};
 pub use memory::InMemoryLightningStore;
-pub use store::{AttemptUpdate, LightningStore, RolloutFilter, RolloutUpdate, StoreStatistics};
+pub use query::{
+    AttemptQuery, FilterLogic, Paginated, ResourcesQuery, RolloutQuery, Sort, SortOrder, SpanQuery,
+    Window, WorkerQuery,
+};
+pub use store::{AttemptUpdate, LightningStore, RolloutUpdate, StoreStatistics};

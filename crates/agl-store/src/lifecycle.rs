@@ -30,6 +30,9 @@
 //!   to `running` is never rewritten to `timeout`.
 //! * Resources ids `""` and `"latest"` are refused on upsert (Q33): `latest` could never be
 //!   fetched by id.
+//! * Explicit status changes are checked against one state machine
+//!   ([`check_attempt_transition`], [`check_rollout_transition`]); v0.3.0 accepted any value.
+//!   A refused change is [`StoreError::InvalidTransition`] naming both statuses and the rule.
 
 use agl_core::{
     Attempt, AttemptStatus, EnqueueRolloutRequest, LATEST, NamedResources, ResourcesUpdate,
@@ -37,7 +40,7 @@ use agl_core::{
 };
 use serde_json::{Map, Value};
 
-use crate::error::StoreError;
+use crate::error::{EntityKind, StoreError};
 use crate::store::{AttemptUpdate, RolloutUpdate};
 
 /// Default debounce of the lazy watchdog scan, in seconds (`scan_debounce_seconds`).
@@ -239,6 +242,82 @@ pub fn propagate(rollout: &mut Rollout, attempt: &Attempt, now: f64) -> RolloutC
     set_rollout_status(rollout, target, now)
 }
 
+/// Whether `update_attempt` may move an attempt from `from` to `to`. Same → same is always
+/// allowed (an idempotent re-send). Otherwise:
+///
+/// * nothing moves **to** `preparing` (only a new attempt starts there);
+/// * `preparing` → any other status; `running` → `succeeded`/`failed`/`timeout`/`unresponsive`;
+/// * `unresponsive` → `running` (it came back), `succeeded`, `failed`, `timeout`;
+/// * `timeout` and `failed` → `succeeded` only: the late success of §12 Q6, which the
+///   algorithm may use; `timeout` → `failed` too (the worker's own late verdict);
+/// * `succeeded` is final.
+///
+/// Agent Lightning v0.3.0 accepts every transition (§4.2, "any → X"); refusing the
+/// nonsensical ones (a finished attempt back to `running`) keeps the rollout machine sound.
+pub fn check_attempt_transition(attempt: &Attempt, to: AttemptStatus) -> Result<(), StoreError> {
+    use AttemptStatus as A;
+    let from = attempt.status;
+    let allowed = from == to
+        || match (from, to) {
+            (_, A::Preparing) => false,
+            (A::Preparing, _) => true,
+            (A::Running, _) => true,
+            (A::Unresponsive, _) => true,
+            (A::Timeout, A::Succeeded | A::Failed) => true,
+            (A::Failed, A::Succeeded) => true,
+            _ => false,
+        };
+    if allowed {
+        return Ok(());
+    }
+    let reason = match (from, to) {
+        (_, A::Preparing) => "only a new attempt starts in `preparing`",
+        (A::Succeeded, _) => "`succeeded` is final",
+        _ => "a finished attempt may only report a late `succeeded` (or `failed` after `timeout`)",
+    };
+    Err(StoreError::InvalidTransition {
+        kind: EntityKind::Attempt,
+        id: attempt.attempt_id.clone(),
+        from: from.to_string(),
+        to: to.to_string(),
+        reason: reason.to_string(),
+    })
+}
+
+/// Whether `update_rollout` may set a rollout's status from `from` to `to`. Same → same is
+/// always allowed. Otherwise:
+///
+/// * `preparing`/`running` are reachable only from `preparing`/`running`: an attempt must
+///   exist, and only dequeue, `start_rollout` and `start_attempt` create attempts;
+/// * a finished rollout (`succeeded`/`failed`/`cancelled`) may only be re-enqueued
+///   (`queuing`/`requeuing`, an explicit retry); its result is never rewritten by hand;
+/// * an unfinished rollout may move to any other status allowed above (cancel, fail, …).
+///
+/// Agent Lightning v0.3.0 accepts every value here (§4.1, "any → X").
+pub fn check_rollout_transition(rollout: &Rollout, to: RolloutStatus) -> Result<(), StoreError> {
+    let from = rollout.status;
+    if from == to {
+        return Ok(());
+    }
+    let refusal = if to.is_running() && !from.is_running() {
+        Some("`preparing`/`running` need an attempt: use dequeue or start_attempt")
+    } else if from.is_finished() && !to.is_queuing() {
+        Some("a finished rollout can only be re-enqueued (`queuing`/`requeuing`)")
+    } else {
+        None
+    };
+    match refusal {
+        None => Ok(()),
+        Some(reason) => Err(StoreError::InvalidTransition {
+            kind: EntityKind::Rollout,
+            id: rollout.rollout_id.clone(),
+            from: from.to_string(),
+            to: to.to_string(),
+            reason: reason.to_string(),
+        }),
+    }
+}
+
 /// What an attempt update did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptChange {
@@ -277,6 +356,9 @@ pub fn apply_attempt_update(
         Some(v) => Some(object_or_invalid("metadata", v)?),
         None => None,
     };
+    if let Some(status) = update.status {
+        check_attempt_transition(attempt, status)?;
+    }
     if let Some(worker_id) = &update.worker_id {
         attempt.worker_id = Some(worker_id.clone());
     }
@@ -322,6 +404,9 @@ pub fn apply_rollout_update(
         Some(v) => Some(Some(object_or_invalid("metadata", v)?)),
         None => None,
     };
+    if let Some(status) = update.status {
+        check_rollout_transition(rollout, status)?;
+    }
     if let Some(input) = update.input {
         rollout.input = input;
     }
@@ -766,13 +851,22 @@ mod tests {
             Some(json!({"k": 1}).as_object().unwrap().clone())
         );
 
-        // A finished rollout is not revived by a late non-final status …
-        r.status = RolloutStatus::Failed;
-        r.end_time = Some(3.0);
+        // A succeeded attempt is final: the transition is refused and nothing changes.
         let running = AttemptUpdate {
             status: Some(AttemptStatus::Running),
             ..AttemptUpdate::default()
         };
+        let err = apply_attempt_update(&mut r, &mut a, true, &running, 3.0).unwrap_err();
+        assert!(
+            err.to_string().contains("from `succeeded` to `running`"),
+            "{err}"
+        );
+        assert_eq!(a.status, AttemptStatus::Succeeded);
+
+        // A finished rollout is not revived by a late non-final status …
+        let (mut a, _) = begin_attempt(&mut r, 1, "at-2".into(), None, 3.0);
+        r.status = RolloutStatus::Failed;
+        r.end_time = Some(3.0);
         apply_attempt_update(&mut r, &mut a, true, &running, 4.0).unwrap();
         assert_eq!(r.status, RolloutStatus::Failed);
         // … nor requeued by a late retryable failure …

@@ -4,24 +4,34 @@
 //! behind one mutex, with O(1) amortised dequeue (a `VecDeque` of rollout slots), spans indexed
 //! by rollout, an index of the rollouts the watchdog must look at, and a `tokio::sync::watch`
 //! channel that wakes `wait_for_rollouts` when a rollout finishes. Every rule is delegated to
-//! [`crate::lifecycle`]. Not responsible for persistence (everything is lost on drop), span
-//! eviction, or a background watchdog timer (the scan is lazy, run before the operations of
-//! [`crate::lifecycle::WATCHDOG_OPERATIONS`], plus a timed wake-up inside `wait_for_rollouts`).
+//! [`crate::lifecycle`]; queries finish through [`crate::query`]. The watchdog runs lazily
+//! before the operations of [`crate::lifecycle::WATCHDOG_OPERATIONS`] and in a background
+//! [`Sweeper`] (when built inside a tokio runtime). Not responsible for persistence
+//! (everything is lost on drop; see the SQLite backend) or span eviction.
+//!
+//! Costs at scale: dequeue O(1) amortised, add span O(1) (hash lookup of the rollout and a
+//! per-rollout duplicate set), spans of one rollout O(k log k) for its k spans, independent
+//! of the total number of spans.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agl_core::{
-    Attempt, AttemptedRollout, EnqueueRolloutRequest, NamedResources, ResourcesUpdate, Rollout,
-    Span, Worker, new_attempt_id, new_resources_id, new_rollout_id, now_seconds,
+    AnyRollout, Attempt, AttemptedRollout, EnqueueRolloutRequest, NamedResources, ResourcesUpdate,
+    Rollout, Span, Worker, new_attempt_id, new_resources_id, new_rollout_id, now_seconds,
 };
 use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::error::StoreError;
 use crate::lifecycle::{self, RolloutChange, ScanDebounce};
-use crate::store::{AttemptUpdate, LightningStore, RolloutFilter, RolloutUpdate, StoreStatistics};
+use crate::query::{
+    self, AttemptQuery, FilterLogic, Matches, Paginated, ResourcesQuery, RolloutQuery, SpanQuery,
+    WorkerQuery,
+};
+use crate::store::{AttemptUpdate, LightningStore, RolloutUpdate, StoreStatistics};
+use crate::sweeper::{self, Sweeper};
 
 /// One rollout with everything that hangs off it.
 struct Entry {
@@ -119,9 +129,14 @@ impl State {
 
     /// The lazy, debounced watchdog scan (§4.5).
     fn scan(&mut self, now: f64) {
-        if !self.debounce.should_scan(now) {
-            return;
+        if self.debounce.should_scan(now) {
+            self.scan_now(now);
         }
+    }
+
+    /// The watchdog scan without debounce; returns how many attempts it changed.
+    fn scan_now(&mut self, now: f64) -> usize {
+        let mut changed = 0;
         let candidates: Vec<usize> = self.watched.iter().copied().collect();
         for idx in candidates {
             let entry = &mut self.entries[idx];
@@ -129,12 +144,26 @@ impl State {
                 continue;
             };
             if let Some(change) = lifecycle::apply_watchdog(&mut entry.rollout, attempt, now) {
+                changed += 1;
                 let attempt = attempt.clone();
                 if change.sync_worker {
                     self.sync_worker_for(&attempt, now);
                 }
                 self.after_change(idx, change.rollout);
             }
+        }
+        changed
+    }
+
+    /// An entry as `GET /rollouts` returns it: with its latest attempt when it has one.
+    fn any_rollout(&self, idx: usize) -> AnyRollout {
+        let entry = &self.entries[idx];
+        match entry.attempts.last() {
+            Some(attempt) => AnyRollout::Attempted(AttemptedRollout {
+                rollout: entry.rollout.clone(),
+                attempt: attempt.clone(),
+            }),
+            None => AnyRollout::Plain(entry.rollout.clone()),
         }
     }
 
@@ -269,9 +298,26 @@ impl State {
 /// Dequeue is O(1) amortised, spans are indexed by rollout, and the watchdog only visits
 /// `preparing`/`running` rollouts that have a timeout configured.
 pub struct InMemoryLightningStore {
+    inner: Arc<Inner>,
+    _sweeper: Sweeper,
+}
+
+struct Inner {
     state: Mutex<State>,
     finished: watch::Receiver<u64>,
     started: Instant,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic elsewhere mid-update; the state is still the best we
+        // have, so keep serving it rather than panicking in turn.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sweep(&self) {
+        self.lock().scan_now(now_seconds());
+    }
 }
 
 impl Default for InMemoryLightningStore {
@@ -287,10 +333,18 @@ impl InMemoryLightningStore {
     }
 
     /// An empty store whose lazy watchdog scan runs at most once per `seconds` (`0` = before
-    /// every listed operation, as the upstream tests use).
+    /// every listed operation, as the upstream tests use). The background sweeper scans every
+    /// [`sweeper::DEFAULT_SWEEP_INTERVAL`] when a tokio runtime is running.
     pub fn with_scan_debounce_seconds(seconds: f64) -> Self {
+        Self::with_options(seconds, Some(sweeper::DEFAULT_SWEEP_INTERVAL))
+    }
+
+    /// An empty store with a lazy-scan debounce of `debounce_seconds` and a background sweep
+    /// every `sweep_interval` (`None` = no background sweeper; the lazy scan still runs).
+    pub fn with_options(debounce_seconds: f64, sweep_interval: Option<Duration>) -> Self {
+        let seconds = debounce_seconds;
         let (tx, rx) = watch::channel(0u64);
-        InMemoryLightningStore {
+        let inner = Arc::new(Inner {
             state: Mutex::new(State {
                 entries: Vec::new(),
                 index: HashMap::new(),
@@ -309,13 +363,19 @@ impl InMemoryLightningStore {
             }),
             finished: rx,
             started: Instant::now(),
+        });
+        let sweeper = match sweep_interval {
+            Some(interval) => Sweeper::spawn(Arc::downgrade(&inner), interval, Inner::sweep),
+            None => Sweeper::disabled(),
+        };
+        InMemoryLightningStore {
+            inner,
+            _sweeper: sweeper,
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock means a panic elsewhere mid-update; the state is still the best we
-        // have, so keep serving it rather than panicking in turn.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// Locks the state and runs the debounced watchdog scan first.
@@ -463,45 +523,48 @@ impl LightningStore for InMemoryLightningStore {
             .and_then(|&i| state.entries[i].attempts.last().cloned()))
     }
 
-    async fn query_rollouts(&self, filter: RolloutFilter) -> Result<Vec<Rollout>, StoreError> {
+    async fn query_rollouts(
+        &self,
+        query: RolloutQuery,
+    ) -> Result<Paginated<AnyRollout>, StoreError> {
+        query::validate_sort::<Rollout>(&query.sort)?;
         let state = self.lock_scanned(now_seconds());
-        let status_ok = |r: &Rollout| {
-            filter
-                .status
-                .as_ref()
-                .is_none_or(|allowed| allowed.contains(&r.status))
-        };
-        Ok(match &filter.rollout_ids {
-            Some(ids) => {
+        // With AND logic an id list selects the candidates through the index.
+        let candidates: Vec<usize> = match (&query.rollout_id_in, query.filter_logic) {
+            (Some(ids), FilterLogic::And) => {
                 let mut idxs: Vec<usize> = ids
                     .iter()
                     .filter_map(|id| state.index.get(id).copied())
                     .collect();
                 idxs.sort_unstable();
                 idxs.dedup();
-                idxs.into_iter()
-                    .map(|i| &state.entries[i].rollout)
-                    .filter(|r| status_ok(r))
-                    .cloned()
-                    .collect()
+                idxs
             }
-            None => state
-                .entries
-                .iter()
-                .map(|e| &e.rollout)
-                .filter(|r| status_ok(r))
-                .cloned()
-                .collect(),
-        })
+            _ => (0..state.entries.len()).collect(),
+        };
+        let matches: Vec<usize> = candidates
+            .into_iter()
+            .filter(|&i| query.matches(&state.entries[i].rollout))
+            .collect();
+        let refs: Vec<&Rollout> = matches.iter().map(|&i| &state.entries[i].rollout).collect();
+        let page = query::finish(refs, &query.sort, query.window)?;
+        let page = page.map(|r| r.rollout_id.clone());
+        Ok(page.map(|id| state.any_rollout(state.index[&id])))
     }
 
-    async fn query_attempts(&self, rollout_id: &str) -> Result<Vec<Attempt>, StoreError> {
+    async fn query_attempts(
+        &self,
+        rollout_id: &str,
+        query: AttemptQuery,
+    ) -> Result<Paginated<Attempt>, StoreError> {
+        query::validate_sort::<Attempt>(&query.sort)?;
         let state = self.lock_scanned(now_seconds());
-        Ok(state
+        let refs: Vec<&Attempt> = state
             .index
             .get(rollout_id)
-            .map(|&i| state.entries[i].attempts.clone())
-            .unwrap_or_default())
+            .map(|&i| state.entries[i].attempts.iter().collect())
+            .unwrap_or_default();
+        Ok(query::finish(refs, &query.sort, query.window)?.map(Attempt::clone))
     }
 
     async fn get_next_span_sequence_id(
@@ -543,33 +606,28 @@ impl LightningStore for InMemoryLightningStore {
             .collect())
     }
 
-    async fn query_spans(
-        &self,
-        rollout_id: &str,
-        attempt_id: Option<&str>,
-    ) -> Result<Vec<Span>, StoreError> {
+    async fn query_spans(&self, query: SpanQuery) -> Result<Paginated<Span>, StoreError> {
+        query::validate_sort::<Span>(&query.sort)?;
         let state = self.lock_scanned(now_seconds());
-        let Some(&idx) = state.index.get(rollout_id) else {
-            return Ok(Vec::new());
+        let empty = || query::finish(Vec::<Span>::new(), &query.sort, query.window);
+        let Some(&idx) = state.index.get(&query.rollout_id) else {
+            return empty();
         };
         let entry = &state.entries[idx];
-        let wanted: Option<&str> = match attempt_id {
+        let wanted: Option<&str> = match query.attempt_id.as_deref() {
             None => None,
             Some(a) if lifecycle::is_latest_selector(a) => match entry.attempts.last() {
                 Some(latest) => Some(latest.attempt_id.as_str()),
-                None => return Ok(Vec::new()),
+                None => return empty(),
             },
             Some(a) => Some(a),
         };
-        let mut spans: Vec<Span> = entry
+        let refs: Vec<&Span> = entry
             .spans
             .iter()
-            .filter(|s| wanted.is_none_or(|w| s.attempt_id == w))
-            .cloned()
+            .filter(|s| wanted.is_none_or(|w| s.attempt_id == w) && query.matches(s))
             .collect();
-        // Stable: ties keep insertion order (Q12).
-        spans.sort_by_key(|s| s.sequence_id);
-        Ok(spans)
+        Ok(query::finish(refs, &query.sort, query.window)?.map(Span::clone))
     }
 
     async fn add_resources(
@@ -633,6 +691,19 @@ impl LightningStore for InMemoryLightningStore {
         Ok(state.latest_resources.map(|i| state.resources[i].clone()))
     }
 
+    async fn query_resources(
+        &self,
+        query: ResourcesQuery,
+    ) -> Result<Paginated<ResourcesUpdate>, StoreError> {
+        let state = self.lock();
+        let refs: Vec<&ResourcesUpdate> = state
+            .resources
+            .iter()
+            .filter(|r| query.matches(r))
+            .collect();
+        Ok(query::finish(refs, &query.sort, query.window)?.map(ResourcesUpdate::clone))
+    }
+
     async fn wait_for_rollouts(
         &self,
         rollout_ids: &[String],
@@ -640,7 +711,7 @@ impl LightningStore for InMemoryLightningStore {
     ) -> Result<Vec<Rollout>, StoreError> {
         // A timeout too large to represent means "no limit".
         let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
-        let mut finished = self.finished.clone();
+        let mut finished = self.inner.finished.clone();
         loop {
             // Mark the current version as seen *before* looking, so no finish is missed.
             finished.borrow_and_update();
@@ -690,21 +761,44 @@ impl LightningStore for InMemoryLightningStore {
         Ok(worker.clone())
     }
 
-    async fn query_workers(&self) -> Result<Vec<Worker>, StoreError> {
+    async fn query_workers(&self, query: WorkerQuery) -> Result<Paginated<Worker>, StoreError> {
+        query::validate_sort::<Worker>(&query.sort)?;
         let state = self.lock_scanned(now_seconds());
-        Ok(state.workers.clone())
+        let refs: Vec<&Worker> = state.workers.iter().filter(|w| query.matches(w)).collect();
+        Ok(query::finish(refs, &query.sort, query.window)?.map(Worker::clone))
+    }
+
+    async fn get_worker_by_id(&self, worker_id: &str) -> Result<Option<Worker>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .workers_index
+            .get(worker_id)
+            .map(|&i| state.workers[i].clone()))
     }
 
     async fn statistics(&self) -> Result<StoreStatistics, StoreError> {
         let state = self.lock();
-        Ok(StoreStatistics {
-            total_rollouts: state.entries.len() as u64,
-            total_attempts: state.total_attempts,
-            total_spans: state.total_spans,
-            total_resources: state.resources.len() as u64,
-            total_workers: state.workers.len() as u64,
-            uptime: self.started.elapsed().as_secs_f64(),
-        })
+        let mut stats = StoreStatistics::zeroed();
+        for entry in &state.entries {
+            *stats
+                .rollouts_by_status
+                .entry(entry.rollout.status)
+                .or_default() += 1;
+            for attempt in &entry.attempts {
+                *stats.attempts_by_status.entry(attempt.status).or_default() += 1;
+            }
+        }
+        stats.total_rollouts = state.entries.len() as u64;
+        stats.total_attempts = state.total_attempts;
+        stats.total_spans = state.total_spans;
+        stats.total_resources = state.resources.len() as u64;
+        stats.total_workers = state.workers.len() as u64;
+        stats.uptime = self.inner.started.elapsed().as_secs_f64();
+        Ok(stats)
+    }
+
+    async fn run_watchdog(&self) -> Result<usize, StoreError> {
+        Ok(self.lock().scan_now(now_seconds()))
     }
 }
 

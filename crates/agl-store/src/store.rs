@@ -5,15 +5,18 @@
 //! for the lifecycle rules themselves (see [`crate::lifecycle`]) nor for any storage (see
 //! [`crate::memory`] and later backends).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agl_core::{
-    Attempt, AttemptStatus, AttemptedRollout, EnqueueRolloutRequest, NamedResources,
+    AnyRollout, Attempt, AttemptStatus, AttemptedRollout, EnqueueRolloutRequest, NamedResources,
     ResourcesUpdate, Rollout, RolloutConfig, RolloutMode, RolloutStatus, Span, Worker,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::StoreError;
+use crate::query::{AttemptQuery, Paginated, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery};
 
 /// Fields to change on an attempt (`POST /rollouts/{rid}/attempts/{aid}`). `None` = absent =
 /// unchanged. A present `status` or `worker_id` also synchronises the worker (§4.4).
@@ -47,18 +50,8 @@ pub struct RolloutUpdate {
     pub input: Option<Value>,
 }
 
-/// Which rollouts [`LightningStore::query_rollouts`] returns. Conditions are ANDed; a `None`
-/// condition is ignored; `Some(vec![])` matches nothing.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RolloutFilter {
-    /// Keep rollouts whose status is in this list.
-    pub status: Option<Vec<RolloutStatus>>,
-    /// Keep rollouts whose id is in this list.
-    pub rollout_ids: Option<Vec<String>>,
-}
-
 /// Counts reported by `GET /statistics` (JSON keys of the same names).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StoreStatistics {
     /// Number of rollouts.
     pub total_rollouts: u64,
@@ -70,8 +63,23 @@ pub struct StoreStatistics {
     pub total_resources: u64,
     /// Number of workers.
     pub total_workers: u64,
-    /// Seconds since the store was created.
+    /// Seconds since the store was opened (this process).
     pub uptime: f64,
+    /// Rollouts per status (agl extension; every status present, zeros included).
+    pub rollouts_by_status: BTreeMap<RolloutStatus, u64>,
+    /// Attempts per status (agl extension; every status present, zeros included).
+    pub attempts_by_status: BTreeMap<AttemptStatus, u64>,
+}
+
+impl StoreStatistics {
+    /// Zero counts for every rollout and attempt status.
+    pub fn zeroed() -> Self {
+        StoreStatistics {
+            rollouts_by_status: RolloutStatus::ALL.iter().map(|s| (*s, 0)).collect(),
+            attempts_by_status: AttemptStatus::ALL.iter().map(|s| (*s, 0)).collect(),
+            ..Self::default()
+        }
+    }
 }
 
 /// The control plane of Agent Lightning: rollouts, attempts, spans, resources and workers.
@@ -105,6 +113,24 @@ pub trait LightningStore: Send + Sync {
         worker_id: Option<&str>,
     ) -> Result<Option<AttemptedRollout>, StoreError>;
 
+    /// Dequeues up to `limit` rollouts (`POST /queues/rollouts/dequeue`), each as by
+    /// [`LightningStore::dequeue_rollout`]; only the **last** one stays bound to the worker
+    /// (compat Q29). `limit == 0` returns nothing.
+    async fn dequeue_many(
+        &self,
+        limit: usize,
+        worker_id: Option<&str>,
+    ) -> Result<Vec<AttemptedRollout>, StoreError> {
+        let mut out = Vec::new();
+        while out.len() < limit {
+            match self.dequeue_rollout(worker_id).await? {
+                Some(a) => out.push(a),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
     /// Creates a new attempt for an existing rollout (manual retry; ignores `max_attempts`).
     async fn start_attempt(
         &self,
@@ -134,11 +160,27 @@ pub trait LightningStore: Send + Sync {
     /// The attempt with the highest `sequence_id`, or `None` (unknown rollout or no attempt).
     async fn get_latest_attempt(&self, rollout_id: &str) -> Result<Option<Attempt>, StoreError>;
 
-    /// Rollouts matching the filter, in creation order.
-    async fn query_rollouts(&self, filter: RolloutFilter) -> Result<Vec<Rollout>, StoreError>;
+    /// Rollouts matching the query (see [`crate::query`]), each with its latest attempt when
+    /// it has one (`AnyRollout::Attempted`), as `GET /rollouts` returns them.
+    async fn query_rollouts(
+        &self,
+        query: RolloutQuery,
+    ) -> Result<Paginated<AnyRollout>, StoreError>;
 
-    /// The rollout's attempts by `sequence_id` (empty for an unknown rollout).
-    async fn query_attempts(&self, rollout_id: &str) -> Result<Vec<Attempt>, StoreError>;
+    /// Attempts of one rollout (an unknown rollout gives an empty page).
+    async fn query_attempts(
+        &self,
+        rollout_id: &str,
+        query: AttemptQuery,
+    ) -> Result<Paginated<Attempt>, StoreError>;
+
+    /// Every attempt of a rollout by `sequence_id` (empty for an unknown rollout).
+    async fn list_attempts(&self, rollout_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        Ok(self
+            .query_attempts(rollout_id, AttemptQuery::default())
+            .await?
+            .items)
+    }
 
     /// Issues the next span sequence id of the rollout (1, 2, …). Does not check that the
     /// rollout exists.
@@ -155,13 +197,22 @@ pub trait LightningStore: Send + Sync {
     /// Stores several spans (all targets checked first); returns the ones actually stored.
     async fn add_spans(&self, spans: Vec<Span>) -> Result<Vec<Span>, StoreError>;
 
-    /// Spans of a rollout ordered by `(sequence_id, insertion order)`. `attempt_id`: `None` =
-    /// all attempts, `Some("latest")` = the latest attempt, `Some(id)` = that attempt.
-    async fn query_spans(
+    /// Spans of one rollout matching the query; default order `(sequence_id, insertion
+    /// order)` (Q12).
+    async fn query_spans(&self, query: SpanQuery) -> Result<Paginated<Span>, StoreError>;
+
+    /// Every span of a rollout ordered by `(sequence_id, insertion order)`. `attempt_id`:
+    /// `None` = all attempts, `Some("latest")` = the latest attempt, `Some(id)` = that attempt.
+    async fn list_spans(
         &self,
         rollout_id: &str,
         attempt_id: Option<&str>,
-    ) -> Result<Vec<Span>, StoreError>;
+    ) -> Result<Vec<Span>, StoreError> {
+        Ok(self
+            .query_spans(SpanQuery::of(rollout_id, attempt_id))
+            .await?
+            .items)
+    }
 
     /// Stores a new resources set under a fresh `rs-…` id (version 1); it becomes the latest.
     async fn add_resources(&self, resources: NamedResources)
@@ -184,6 +235,12 @@ pub trait LightningStore: Send + Sync {
     /// The last added or updated resources, or `None`.
     async fn get_latest_resources(&self) -> Result<Option<ResourcesUpdate>, StoreError>;
 
+    /// Resources matching the query, in the order first written.
+    async fn query_resources(
+        &self,
+        query: ResourcesQuery,
+    ) -> Result<Paginated<ResourcesUpdate>, StoreError>;
+
     /// Waits until every listed rollout is finished (`succeeded`/`failed`/`cancelled`) or the
     /// timeout elapses, then returns the finished ones in request order (unknown ids omitted).
     /// `Some(Duration::ZERO)` checks once; `None` waits without limit.
@@ -200,9 +257,27 @@ pub trait LightningStore: Send + Sync {
         heartbeat_stats: Option<Value>,
     ) -> Result<Worker, StoreError>;
 
-    /// All workers, in the order they were first seen.
-    async fn query_workers(&self) -> Result<Vec<Worker>, StoreError>;
+    /// Workers matching the query, in the order they were first seen.
+    async fn query_workers(&self, query: WorkerQuery) -> Result<Paginated<Worker>, StoreError>;
 
-    /// Entity counts and uptime.
+    /// Every worker, in the order they were first seen.
+    async fn list_workers(&self) -> Result<Vec<Worker>, StoreError> {
+        Ok(self.query_workers(WorkerQuery::default()).await?.items)
+    }
+
+    /// The worker, or `None`.
+    async fn get_worker_by_id(&self, worker_id: &str) -> Result<Option<Worker>, StoreError>;
+
+    /// Entity counts (per status too) and uptime.
     async fn statistics(&self) -> Result<StoreStatistics, StoreError>;
+
+    /// Runs the watchdog scan (§4.5) now, ignoring the debounce, and returns how many attempts
+    /// it moved to `timeout`/`unresponsive`. The background sweeper calls this; so can tests.
+    async fn run_watchdog(&self) -> Result<usize, StoreError>;
+
+    /// Flushes and closes the backend; later operations fail with [`StoreError::Closed`]
+    /// where the backend can tell. The default does nothing (nothing to flush).
+    async fn close(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

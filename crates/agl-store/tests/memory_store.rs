@@ -9,7 +9,7 @@ use std::time::Duration;
 use agl_core::{
     AttemptStatus, Attributes, EnqueueRolloutRequest, RolloutConfig, RolloutStatus, Span,
 };
-use agl_store::{AttemptUpdate, InMemoryLightningStore, LightningStore, RolloutFilter};
+use agl_store::{AttemptUpdate, InMemoryLightningStore, LightningStore, RolloutQuery};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -87,19 +87,17 @@ async fn handles_a_hundred_thousand_rollouts_and_three_hundred_thousand_spans() 
     let stats = store.statistics().await.unwrap();
     assert_eq!(stats.total_rollouts, n as u64);
     assert_eq!(stats.total_spans, 3 * n as u64);
-    let spans = store.query_spans(&first.unwrap(), None).await.unwrap();
+    let spans = store.list_spans(&first.unwrap(), None).await.unwrap();
     assert_eq!(
         spans.iter().map(|s| s.sequence_id).collect::<Vec<_>>(),
         [1, 2, 3]
     );
     let running = store
-        .query_rollouts(RolloutFilter {
-            status: Some(vec![RolloutStatus::Running]),
-            ..RolloutFilter::default()
-        })
+        .query_rollouts(RolloutQuery::with_status(&[RolloutStatus::Running]))
         .await
         .unwrap();
-    assert_eq!(running.len(), n);
+    assert_eq!(running.items.len(), n);
+    assert_eq!(running.total, n as u64);
 }
 
 #[tokio::test]

@@ -581,7 +581,7 @@ impl FlightRecorderEmitter {
                 };
                 if !attempts.contains_key(rollout_id) {
                     let ids = store
-                        .query_attempts(rollout_id)
+                        .list_attempts(rollout_id)
                         .await?
                         .into_iter()
                         .map(|a| a.attempt_id)

@@ -531,7 +531,7 @@ impl<A: Agent> GovernedRunner<A> {
             return Ok(self.local_stats());
         };
         let (mut r, mut v, mut x) = (0, 0, 0);
-        for worker in w.store.query_workers().await? {
+        for worker in w.store.list_workers().await? {
             let Some(g) = worker
                 .heartbeat_stats
                 .as_ref()

@@ -265,7 +265,7 @@ impl Session {
                     message: format!("finished as {:?} {why}", rollout.status),
                 });
             }
-            let spans = self.store.query_spans(id, Some("latest")).await?;
+            let spans = self.store.list_spans(id, Some("latest")).await?;
             results.push(rollout_result(rollout, &spans)?);
         }
         Ok(results)

@@ -278,7 +278,7 @@ async fn emit_to_store_stores_two_spans_for_two_entries_of_a_started_rollout() {
     let e = emitter(&kernel, EmitterConfig::default());
 
     assert_eq!(e.emit_to_store(&store).await.unwrap(), 2);
-    let spans = store.query_spans(&rid, Some(&aid)).await.unwrap();
+    let spans = store.list_spans(&rid, Some(&aid)).await.unwrap();
     assert_eq!(spans.len(), 2);
     for s in &spans {
         assert_eq!(s.name, "agentlightning.annotation");
@@ -296,7 +296,7 @@ async fn emit_to_store_stores_two_spans_for_two_entries_of_a_started_rollout() {
     );
     // Deterministic ids: emitting again stores nothing new.
     assert_eq!(e.emit_to_store(&store).await.unwrap(), 0);
-    assert_eq!(store.query_spans(&rid, None).await.unwrap().len(), 2);
+    assert_eq!(store.list_spans(&rid, None).await.unwrap().len(), 2);
 }
 
 #[tokio::test]
@@ -326,10 +326,10 @@ async fn emit_to_store_differs_entries_without_a_known_rollout_are_not_stored_or
     let e = emitter(&kernel, EmitterConfig::default());
     assert_eq!(e.spans().unwrap().len(), 4);
     assert_eq!(e.emit_to_store(&store).await.unwrap(), 1);
-    assert_eq!(store.query_spans(&rid, None).await.unwrap().len(), 1);
+    assert_eq!(store.list_spans(&rid, None).await.unwrap().len(), 1);
     assert!(
         store
-            .query_spans("ro-unknown", None)
+            .list_spans("ro-unknown", None)
             .await
             .unwrap()
             .is_empty()

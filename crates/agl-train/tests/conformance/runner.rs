@@ -545,7 +545,7 @@ async fn eight_concurrent_workers_aggregate_stats_through_the_store() {
     let mut own_violations = 0;
     let mut violating = 0;
     for id in &ids {
-        let spans = store.query_spans(id, None).await.unwrap();
+        let spans = store.list_spans(id, None).await.unwrap();
         let gov: Vec<_> = spans
             .iter()
             .filter(|s| {
@@ -587,7 +587,7 @@ async fn iter_stores_the_reference_governance_attributes() {
     r.init(SqlAgent);
     r.init_worker("w", store.clone());
     r.iter(&CancellationToken::new()).await.unwrap();
-    let spans = store.query_spans(&ro.rollout_id, None).await.unwrap();
+    let spans = store.list_spans(&ro.rollout_id, None).await.unwrap();
     let a = &spans[0].attributes;
     use agl_core::AttributeValue as V;
     assert_eq!(a["agent_os.violations"], V::Int(2));
