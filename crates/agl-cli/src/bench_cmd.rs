@@ -23,6 +23,10 @@ pub enum BenchCommand {
     /// Per-check latency of SqlPolicy alone, of a policy file's kernel (default `standard`),
     /// of that kernel with an in-memory flight recorder, and of a tool-call check.
     Governance(GovernanceArgs),
+    /// Store throughput: the runner's rollout cycle (enqueue → dequeue → start attempt →
+    /// spans → finish) with 1, 8 and 64 concurrent workers, and span queries among 1M spans,
+    /// on the memory and SQLite backends, with p99 latency per operation.
+    Store(crate::store_bench::StoreBenchArgs),
 }
 
 /// Arguments of `agl bench governance`.
@@ -57,6 +61,7 @@ struct Row {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Governance(args) => governance(args),
+        BenchCommand::Store(args) => crate::store_bench::run(&args),
     }
 }
 

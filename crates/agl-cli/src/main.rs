@@ -5,6 +5,8 @@ mod audit_cmd;
 mod bench_cmd;
 mod plot;
 mod policy_cmd;
+mod store_bench;
+mod store_cmd;
 mod train_cmd;
 
 use std::process::ExitCode;
@@ -37,6 +39,11 @@ enum Command {
     Policy {
         #[command(subcommand)]
         command: policy_cmd::PolicyCommand,
+    },
+    /// Inspect stores (`agl train --store PATH.sqlite` leaves one behind).
+    Store {
+        #[command(subcommand)]
+        command: store_cmd::StoreCommand,
     },
     /// Verify, summarize and export flight-recorder databases (`agl train --audit-log`).
     Audit {
@@ -76,6 +83,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(*args),
         Command::Bench { command } => bench_cmd::run(command),
+        Command::Store { command } => store_cmd::run(command),
         Command::Policy { command } => {
             // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
             return match policy_cmd::run(command) {

@@ -77,6 +77,10 @@ pub struct TrainArgs {
     /// Write learning curves (reward, violation rate, accuracy) of the runs as SVG here.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Where rollouts, attempts and spans live: `memory` (lost at exit) or a SQLite database
+    /// path (created if missing; inspect it afterwards with `agl store inspect PATH`).
+    #[arg(long, default_value = "memory", value_name = "memory|PATH.sqlite")]
+    store: String,
     /// Statement time limit in seconds.
     #[arg(long, default_value_t = 2.0)]
     sql_timeout: f64,
@@ -230,11 +234,18 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         recorder.clone(),
     )?);
     let (untrained, runs) = rt.block_on(async {
+        let store = crate::store_cmd::open_store(&args.store)?;
         let mut runs: Vec<(GovernanceMode, RunReport)> = Vec::new();
         let mut untrained = None;
         for mode in &modes {
             let kernel = Arc::new(build_kernel(&task, &policy, *mode, recorder.clone())?);
-            let session = Session::start(task.clone(), &config, kernel, eval_kernel.clone());
+            let session = Session::start_on(
+                store.clone(),
+                task.clone(),
+                &config,
+                kernel,
+                eval_kernel.clone(),
+            );
             if untrained.is_none() {
                 let policy = initial_policy(config.seed)?;
                 untrained = Some(session.evaluate(policy.as_ref(), Split::Dev).await?);
@@ -265,6 +276,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 report.dev.accuracy
             );
             runs.push((*mode, report));
+        }
+        if args.store != "memory" {
+            let stats = store.statistics().await?;
+            store.close().await?;
+            eprintln!(
+                "store: {} ({} rollouts, {} spans; `agl store inspect {}`)",
+                args.store, stats.total_rollouts, stats.total_spans, args.store
+            );
         }
         Ok::<_, anyhow::Error>((untrained.unwrap_or_default(), runs))
     })?;

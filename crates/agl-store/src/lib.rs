@@ -1,17 +1,22 @@
-//! `agl-store`: the `LightningStore` trait, its lifecycle rules and the in-memory backend.
+//! `agl-store`: the `LightningStore` trait, its lifecycle rules, and the in-memory and
+//! durable SQLite backends.
 //!
 //! Responsible for the control plane of Agent Lightning v0.3 (§4 of the protocol reference):
 //! the [`LightningStore`] operations, the lifecycle rules every backend shares
-//! ([`lifecycle`]), the in-memory backend ([`InMemoryLightningStore`]) and, behind the
-//! `conformance` feature, a test suite any backend can run. Not responsible for HTTP, OTLP,
-//! persistence (SQLite) or governance; those are other crates.
+//! ([`lifecycle`]), query semantics ([`query`]), the background watchdog ([`sweeper`]), the
+//! in-memory backend ([`InMemoryLightningStore`]), the SQLite backend
+//! ([`SqliteLightningStore`]: WAL, versioned schema, one writer thread with group commit),
+//! benchmark workloads ([`workload`]) and, behind the `conformance` feature, the test suite
+//! every backend runs. Not responsible for HTTP, OTLP or governance; those are other crates.
 
 pub mod error;
 pub mod lifecycle;
 pub mod memory;
 pub mod query;
+pub mod sqlite;
 pub mod store;
 pub mod sweeper;
+pub mod workload;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
@@ -22,4 +27,5 @@ pub use query::{
     AttemptQuery, FilterLogic, Paginated, ResourcesQuery, RolloutQuery, Sort, SortOrder, SpanQuery,
     Window, WorkerQuery,
 };
+pub use sqlite::{SqliteLightningStore, SqliteOptions};
 pub use store::{AttemptUpdate, LightningStore, RolloutUpdate, StoreStatistics};

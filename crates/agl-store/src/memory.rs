@@ -847,6 +847,18 @@ mod tests {
         older_attempt_does_not_propagate,
         statistics_counts,
         invalid_inputs_rejected,
+        query_rollouts_conditions,
+        query_rollouts_sorting,
+        query_rollouts_window,
+        query_attempts_paging,
+        query_spans_filters,
+        query_resources_filters,
+        query_workers_filters,
+        dequeue_many_batches,
+        statistics_by_status,
+        illegal_transitions_refused,
+        allowed_transitions_apply,
+        run_watchdog_detects_timeouts,
     );
 
     #[tokio::test]

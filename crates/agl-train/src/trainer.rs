@@ -185,6 +185,18 @@ impl Session {
         eval_kernel: Arc<Kernel>,
     ) -> Self {
         let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        Self::start_on(store, task, config, train_kernel, eval_kernel)
+    }
+
+    /// Starts `workers` runner workers serving `store` (any backend: memory, SQLite, …).
+    /// Rollouts already queued in the store are served too.
+    pub fn start_on(
+        store: Arc<dyn LightningStore>,
+        task: Arc<SpiderTask>,
+        config: &TrainConfig,
+        train_kernel: Arc<Kernel>,
+        eval_kernel: Arc<Kernel>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let train_runner = Arc::new(SpiderRunner::new(train_kernel, config.reward.clone()));
         let eval_runner = Arc::new(SpiderRunner::new(eval_kernel, config.reward.clone()));

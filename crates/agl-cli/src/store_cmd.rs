@@ -1,0 +1,338 @@
+//! `agl store …`: opening a store from a command-line spec, and `agl store inspect PATH`.
+//!
+//! A store spec is `memory` (the in-memory backend, lost at exit) or the path of a SQLite
+//! database (created if missing, durable; see `agl_store::sqlite`). `inspect` opens an
+//! existing database and prints counts by status, the rewards and governance violations found
+//! in the spans, and the last rollouts. Reads only: it never creates a file, and the watchdog
+//! is not run, so statuses are exactly as the last writer left them.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use agl_core::{AnyRollout, AttributeValue, Span, find_final_reward};
+use agl_store::{
+    InMemoryLightningStore, LightningStore, RolloutQuery, Sort, SqliteLightningStore,
+    SqliteOptions, Window,
+};
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+/// `agl store …` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Summarise a SQLite store written by `agl train --store PATH` (or any agl store).
+    Inspect(InspectArgs),
+}
+
+/// Arguments of `agl store inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The SQLite database.
+    #[arg(value_name = "PATH")]
+    path: PathBuf,
+    /// How many of the most recent rollouts to list.
+    #[arg(long, default_value_t = 10)]
+    last: usize,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Opens the store named by a `--store` spec: `memory`, or a SQLite database path.
+pub fn open_store(spec: &str) -> anyhow::Result<Arc<dyn LightningStore>> {
+    if spec == "memory" {
+        return Ok(Arc::new(InMemoryLightningStore::new()));
+    }
+    let store = SqliteLightningStore::open(spec)
+        .with_context(|| format!("opening the SQLite store {spec}"))?;
+    Ok(Arc::new(store))
+}
+
+/// Runs an `agl store` subcommand.
+pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        StoreCommand::Inspect(args) => inspect(&args),
+    }
+}
+
+/// What one rollout's spans say.
+#[derive(Debug, Clone, Default, Serialize)]
+struct SpanSummary {
+    reward: Option<f64>,
+    violations: u64,
+}
+
+fn int_attr(span: &Span, key: &str) -> Option<u64> {
+    match span.attributes.get(key) {
+        Some(AttributeValue::Int(n)) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// Reward: the last reward span (Agent Lightning's `find_final_reward`). Violations: the
+/// governance count a runner wrote (`agent_os.violations` from `GovernedRunner`,
+/// `agent_os.violation_count` from the Spider runner), else one per `agent_os.violation.policy`
+/// annotation.
+fn summarise(spans: &[Span]) -> SpanSummary {
+    let counted = spans.iter().find_map(|s| {
+        int_attr(s, "agent_os.violations").or_else(|| int_attr(s, "agent_os.violation_count"))
+    });
+    let annotated = spans
+        .iter()
+        .filter(|s| s.attributes.contains_key("agent_os.violation.policy"))
+        .count() as u64;
+    SpanSummary {
+        reward: find_final_reward(spans),
+        violations: counted.unwrap_or(annotated),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct LastRollout {
+    rollout_id: String,
+    mode: Option<String>,
+    status: String,
+    attempts: u32,
+    reward: Option<f64>,
+    violations: u64,
+    start_time: f64,
+    end_time: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    path: String,
+    file_bytes: u64,
+    statistics: agl_store::StoreStatistics,
+    rollouts_with_reward: u64,
+    mean_reward: Option<f64>,
+    min_reward: Option<f64>,
+    max_reward: Option<f64>,
+    rollouts_with_violations: u64,
+    total_violations: u64,
+    last: Vec<LastRollout>,
+}
+
+fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
+    let path: &Path = &args.path;
+    anyhow::ensure!(
+        path.is_file(),
+        "no store database at {} (expected a file written by `agl train --store PATH` or \
+         `agl store`)",
+        path.display()
+    );
+    let file_bytes = std::fs::metadata(path)?.len();
+    let options = SqliteOptions {
+        sweep_interval: None,
+        scan_debounce_seconds: f64::INFINITY,
+        ..SqliteOptions::default()
+    };
+    let store = SqliteLightningStore::open_with(path, options)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(async {
+        let statistics = store.statistics().await?;
+        let all = store.query_rollouts(RolloutQuery::all()).await?;
+        let mut rewards = Vec::new();
+        let (mut with_violations, mut violations) = (0u64, 0u64);
+        let mut summaries = Vec::with_capacity(all.items.len());
+        for item in &all.items {
+            let spans = store
+                .list_spans(&item.rollout().rollout_id, Some("latest"))
+                .await?;
+            let s = summarise(&spans);
+            if let Some(r) = s.reward {
+                rewards.push(r);
+            }
+            if s.violations > 0 {
+                with_violations += 1;
+                violations += s.violations;
+            }
+            summaries.push(s);
+        }
+        let last_page = store
+            .query_rollouts(RolloutQuery {
+                sort: Sort::desc("start_time"),
+                window: Window {
+                    limit: Some(args.last.max(1) as u64),
+                    offset: 0,
+                },
+                ..RolloutQuery::default()
+            })
+            .await?;
+        let index: std::collections::HashMap<&str, &SpanSummary> = all
+            .items
+            .iter()
+            .map(|r| r.rollout().rollout_id.as_str())
+            .zip(summaries.iter())
+            .collect();
+        let last = last_page
+            .items
+            .iter()
+            .take(args.last)
+            .map(|item: &AnyRollout| {
+                let r = item.rollout();
+                let s = index.get(r.rollout_id.as_str()).copied();
+                LastRollout {
+                    rollout_id: r.rollout_id.clone(),
+                    mode: r.mode.map(|m| m.as_str().to_string()),
+                    status: r.status.as_str().to_string(),
+                    attempts: item.attempt().map_or(0, |a| a.sequence_id),
+                    reward: s.and_then(|s| s.reward),
+                    violations: s.map_or(0, |s| s.violations),
+                    start_time: r.start_time,
+                    end_time: r.end_time,
+                }
+            })
+            .collect();
+        let n = rewards.len();
+        Ok::<_, anyhow::Error>(Report {
+            path: path.display().to_string(),
+            file_bytes,
+            statistics,
+            rollouts_with_reward: n as u64,
+            mean_reward: (n > 0).then(|| rewards.iter().sum::<f64>() / n as f64),
+            min_reward: rewards.iter().copied().reduce(f64::min),
+            max_reward: rewards.iter().copied().reduce(f64::max),
+            rollouts_with_violations: with_violations,
+            total_violations: violations,
+            last,
+        })
+    })?;
+    rt.block_on(store.close())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_report(r: &Report) {
+    let s = &r.statistics;
+    println!(
+        "store     {} ({:.1} MiB)",
+        r.path,
+        r.file_bytes as f64 / 1048576.0
+    );
+    println!(
+        "totals    {} rollouts, {} attempts, {} spans, {} resources, {} workers",
+        s.total_rollouts, s.total_attempts, s.total_spans, s.total_resources, s.total_workers
+    );
+    let line = |label: &str, counts: Vec<(String, u64)>| {
+        let parts: Vec<String> = counts
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        let text = if parts.is_empty() {
+            "none".to_string()
+        } else {
+            parts.join(", ")
+        };
+        println!("{label:<9} {text}");
+    };
+    line(
+        "rollouts",
+        s.rollouts_by_status
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+    );
+    line(
+        "attempts",
+        s.attempts_by_status
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+    );
+    match (r.mean_reward, r.min_reward, r.max_reward) {
+        (Some(mean), Some(min), Some(max)) => println!(
+            "rewards   {} rollouts with a reward: mean {mean:.3}, min {min:.3}, max {max:.3}",
+            r.rollouts_with_reward
+        ),
+        _ => println!("rewards   none recorded"),
+    }
+    println!(
+        "violations {} in {} rollouts ({:.1}% of rollouts)",
+        r.total_violations,
+        r.rollouts_with_violations,
+        100.0 * r.rollouts_with_violations as f64 / (s.total_rollouts.max(1) as f64)
+    );
+    if r.last.is_empty() {
+        return;
+    }
+    println!("\nlast {} rollouts (newest first)", r.last.len());
+    println!(
+        "{:<16} {:<6} {:<10} {:>8} {:>9} {:>10}",
+        "rollout", "mode", "status", "attempts", "reward", "violations"
+    );
+    for l in &r.last {
+        let reward = l.reward.map_or("-".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "{:<16} {:<6} {:<10} {:>8} {:>9} {:>10}",
+            l.rollout_id,
+            l.mode.as_deref().unwrap_or("-"),
+            l.status,
+            l.attempts,
+            reward,
+            l.violations
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use agl_core::Attributes;
+
+    fn span(attrs: &[(&str, AttributeValue)]) -> Span {
+        let mut a = Attributes::new();
+        for (k, v) in attrs {
+            a.insert((*k).to_string(), v.clone());
+        }
+        Span::new("ro-1", "at-1", 1, "agentlightning.annotation", a)
+    }
+
+    #[test]
+    fn summary_prefers_the_runner_count_and_takes_the_last_reward() {
+        let spans = vec![
+            span(&[("agent_os.violation.policy", "sql_safety".into())]),
+            span(&[("agent_os.violation.policy", "cost".into())]),
+            span(&[
+                ("agentlightning.reward.0.name", "final".into()),
+                ("agentlightning.reward.0.value", AttributeValue::Float(-9.5)),
+                ("agent_os.violation_count", AttributeValue::Int(2)),
+            ]),
+        ];
+        let s = summarise(&spans);
+        assert_eq!(s.violations, 2);
+        assert_eq!(s.reward, Some(-9.5));
+        let s = summarise(&spans[..2]);
+        assert_eq!(
+            s.violations, 2,
+            "falls back to one per violation annotation"
+        );
+        assert_eq!(s.reward, None);
+    }
+
+    #[test]
+    fn inspect_refuses_a_missing_file_without_creating_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope.sqlite");
+        let err = inspect(&InspectArgs {
+            path: path.clone(),
+            last: 5,
+            json: false,
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("no store database"), "{err}");
+        assert!(!path.exists());
+    }
+}
