@@ -41,11 +41,8 @@
 //! Costs: enqueue, dequeue, update and add span are O(log n) index operations (a span batch
 //! costs one statement per span); the spans of one rollout are read through
 //! `spans(rollout_seq, seq)`, so they cost O(k log n) for its k spans whatever the total.
-//! Measured on a shared 2-core machine (release build, default options, 10,000 rollouts, 2
-//! tokio worker threads; `tests/sqlite_store.rs`, ignored tests): the cycle enqueue → dequeue →
-//! add_spans(10) → update_attempt(succeeded) runs at about 3,000 rollouts/s with 1 task, 6,100
-//! with 8 and 8,800 with 64; with `update_attempt(running)` added (`workload::run_cycles`) at
-//! about 2,700, 5,100 and 7,400. One task is bound by one commit per operation.
+//! Throughput is measured by `agl bench store` and `benches/store.rs` (figures in the
+//! README): one caller is bound by one commit per operation; concurrent callers share commits.
 //!
 //! # Durability
 //!

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Integration tests of the SQLite backend: the generic conformance suite, persistence across
 //! reopen, refusal of foreign or newer files, and atomic dequeue across tasks and connections.
-//! The throughput measurement is an ignored test (`--ignored sqlite_cycle_throughput`).
+//! Throughput is measured by `benches/store.rs` and `agl bench store`, not here.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -510,100 +510,4 @@ async fn background_sweeper_times_out_without_requests() {
     }
     let r = store.get_rollout_by_id(&rid).await.unwrap().unwrap();
     assert_eq!(r.status, RolloutStatus::Failed);
-}
-
-/// Measures the cycle enqueue → dequeue → add_spans(10) → update_attempt(succeeded) with 1, 8
-/// and 64 concurrent tasks (`AGL_WORKERS=1,8` to choose, `AGL_CYCLES` rollouts per run, default
-/// 10,000). Run in release mode:
-/// `cargo test -p agl-store --release --test sqlite_store -- --ignored --nocapture throughput`.
-#[test]
-#[ignore = "measurement, run by hand in release mode"]
-fn sqlite_cycle_throughput() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let total: usize = std::env::var("AGL_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
-    let counts: Vec<usize> = std::env::var("AGL_WORKERS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|w| w.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 8, 64]);
-    for workers in counts {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(SqliteLightningStore::open(dir.path().join("bench.db")).unwrap());
-        let per_task = total / workers;
-        let started = std::time::Instant::now();
-        rt.block_on(async {
-            let tasks: Vec<_> = (0..workers)
-                .map(|w| {
-                    let store = Arc::clone(&store);
-                    tokio::spawn(async move {
-                        let worker = format!("w-{w}");
-                        for i in 0..per_task {
-                            store
-                                .enqueue_rollout(EnqueueRolloutRequest::new(json!({"i": i})))
-                                .await
-                                .unwrap();
-                            let a = store.dequeue_rollout(Some(&worker)).await.unwrap().unwrap();
-                            let (rid, aid) = (a.rollout.rollout_id, a.attempt.attempt_id);
-                            let spans = (0..10)
-                                .map(|k| {
-                                    let mut attrs = Attributes::new();
-                                    attrs.insert(
-                                        "gen_ai.prompt".to_string(),
-                                        agl_core::AttributeValue::Str(format!("step {k}")),
-                                    );
-                                    Span::new(rid.as_str(), aid.as_str(), k + 1, "llm", attrs)
-                                })
-                                .collect();
-                            store.add_spans(spans).await.unwrap();
-                            store.update_attempt(&rid, &aid, succeeded()).await.unwrap();
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap();
-            }
-        });
-        let secs = started.elapsed().as_secs_f64();
-        let n = per_task * workers;
-        println!(
-            "sqlite cycle: {workers:>2} workers, {n} rollouts in {secs:.2} s = {:.0} rollouts/s",
-            n as f64 / secs
-        );
-    }
-}
-
-/// The lead's benchmark cycle (`agl_store::workload::run_cycles`: enqueue → dequeue →
-/// running → 10 spans → succeeded) on a fresh SQLite store with 1, 8 and 64 tasks. Run like
-/// `sqlite_cycle_throughput`.
-#[test]
-#[ignore = "measurement, run by hand in release mode"]
-fn sqlite_workload_throughput() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let total: usize = std::env::var("AGL_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
-    for workers in [1usize, 8, 64] {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn LightningStore> =
-            Arc::new(SqliteLightningStore::open(dir.path().join("bench.db")).unwrap());
-        let report = rt
-            .block_on(agl_store::workload::run_cycles(store, total, workers, 10))
-            .unwrap();
-        println!(
-            "sqlite workload: {workers:>2} workers, {total} rollouts in {:.2} s = {:.0} rollouts/s",
-            report.seconds, report.rollouts_per_second
-        );
-    }
 }
