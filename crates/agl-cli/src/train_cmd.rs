@@ -173,6 +173,17 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         ..TrainConfig::default()
     };
     config.validate()?;
+    // The runtime and the store come first so a bad `--store` fails before the data is
+    // prepared; the store is opened inside the runtime so its background watchdog runs.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let store = {
+        let _runtime = rt.enter();
+        crate::store_cmd::open_store(&args.store)?
+    };
     let candidates = CandidateConfig {
         total: args.candidates,
         distractors: args.distractors.min(args.candidates - 1),
@@ -222,11 +233,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     } else {
         vec![args.governance]
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
     let eval_kernel = Arc::new(build_kernel(
         &task,
         &policy,
@@ -234,7 +240,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         recorder.clone(),
     )?);
     let (untrained, runs) = rt.block_on(async {
-        let store = crate::store_cmd::open_store(&args.store)?;
         let mut runs: Vec<(GovernanceMode, RunReport)> = Vec::new();
         let mut untrained = None;
         for mode in &modes {

@@ -546,3 +546,69 @@ fn audit_export_otlp_json_follows_the_otlp_json_encoding() {
     assert_eq!(spans[0]["traceId"], spans[5]["traceId"]);
     assert_ne!(spans[0]["traceId"], spans[1]["traceId"]);
 }
+
+/// `agl train --store PATH.sqlite` gives the same report as the in-memory store, leaves every
+/// rollout in the file, and `agl store inspect --json` reads them back.
+#[test]
+fn train_on_a_sqlite_store_matches_memory_and_can_be_inspected() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |store: &str, name: &str| {
+        let report = dir.path().join(format!("{name}.json"));
+        let o = agl(&[
+            "train",
+            "--limit",
+            "24",
+            "--dev-limit",
+            "20",
+            "--epochs",
+            "1",
+            "--batch-questions",
+            "8",
+            "--seed",
+            "5",
+            "--store",
+            store,
+            "--report",
+            report.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "agl train failed: {}", stderr(&o));
+        strip_timing(serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap())
+    };
+    let db = dir.path().join("run.sqlite");
+    let on_memory = run("memory", "memory");
+    let on_sqlite = run(db.to_str().unwrap(), "sqlite");
+    // The reports differ only in where the data came from (nothing store-specific is in them).
+    assert_eq!(on_memory["runs"], on_sqlite["runs"]);
+    assert_eq!(on_memory["untrained"], on_sqlite["untrained"]);
+
+    let o = agl(&[
+        "store",
+        "inspect",
+        db.to_str().unwrap(),
+        "--json",
+        "--last",
+        "3",
+    ]);
+    assert!(o.status.success(), "inspect failed: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rollouts = on_sqlite["runs"]["enforce"]["train"]["rollouts"]
+        .as_u64()
+        .unwrap();
+    let stats = &v["statistics"];
+    let total = stats["total_rollouts"].as_u64().unwrap();
+    // Train rollouts plus two evaluations of the 20 dev questions.
+    assert_eq!(total, rollouts + 40, "{v}");
+    assert_eq!(
+        stats["rollouts_by_status"]["succeeded"].as_u64(),
+        Some(total)
+    );
+    assert_eq!(v["rollouts_with_reward"].as_u64(), Some(total));
+    assert_eq!(v["last"].as_array().unwrap().len(), 3);
+
+    let o = agl(&[
+        "store",
+        "inspect",
+        dir.path().join("missing.sqlite").to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, "no store database");
+}
