@@ -137,6 +137,9 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("wait_wakes_when_finished", |s| {
         Box::pin(wait_wakes_when_finished(s))
     }),
+    ("wait_reports_current_states", |s| {
+        Box::pin(wait_reports_current_states(s))
+    }),
     ("wait_returns_at_timeout", |s| {
         Box::pin(wait_returns_at_timeout(s))
     }),
@@ -839,6 +842,63 @@ pub async fn wait_wakes_when_finished(store: &dyn LightningStore) -> CaseResult 
     let rollouts = waited.ctx("wait")?;
     ensure_eq!(rollouts.len(), 1, "one finished rollout");
     ensure_eq!(rollouts[0].status, RolloutStatus::Succeeded, "status");
+    Ok(())
+}
+
+/// A rollout that finished and was re-enqueued during the wait is not reported as finished:
+/// the answer reflects the states when the wait returns, in request order.
+pub async fn wait_reports_current_states(store: &dyn LightningStore) -> CaseResult {
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let r = store
+            .enqueue_rollout(EnqueueRolloutRequest::new(json!(i)))
+            .await
+            .ctx("enqueue")?;
+        ids.push(r.rollout_id);
+    }
+    for _ in 0..2 {
+        store
+            .dequeue_rollout(None)
+            .await
+            .ctx("dequeue")?
+            .ctx("dequeue")?;
+    }
+    let waiter = store.wait_for_rollouts(&ids, Some(Duration::from_millis(400)));
+    let driver = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        store
+            .update_attempt(&ids[0], "latest", status(AttemptStatus::Succeeded))
+            .await
+            .ctx("finish first")?;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        store
+            .update_rollout(
+                &ids[0],
+                RolloutUpdate {
+                    status: Some(RolloutStatus::Queuing),
+                    ..RolloutUpdate::default()
+                },
+            )
+            .await
+            .ctx("re-enqueue first")?;
+        store
+            .update_attempt(&ids[1], "latest", status(AttemptStatus::Failed))
+            .await
+            .ctx("fail second")?;
+        Ok::<(), String>(())
+    };
+    let (waited, driven) = tokio::join!(waiter, driver);
+    driven?;
+    let rollouts = waited.ctx("wait")?;
+    let got: Vec<(&str, RolloutStatus)> = rollouts
+        .iter()
+        .map(|r| (r.rollout_id.as_str(), r.status))
+        .collect();
+    ensure_eq!(
+        got,
+        vec![(ids[1].as_str(), RolloutStatus::Failed)],
+        "only the rollout finished at the end of the wait"
+    );
     Ok(())
 }
 

@@ -836,6 +836,7 @@ mod tests {
         span_for_unknown_target,
         resources_versions_and_latest,
         wait_wakes_when_finished,
+        wait_reports_current_states,
         wait_returns_at_timeout,
         workers_idle_busy,
         update_rollout_requeues_and_end_time,

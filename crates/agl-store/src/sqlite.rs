@@ -98,6 +98,16 @@ pub use self::schema::{APPLICATION_ID, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
 /// finished by another process are noticed.
 const WAIT_RECHECK: Duration = Duration::from_secs(1);
 
+/// The ids of `ids` that are not among the rollouts of `done`, in order.
+fn not_in(ids: &[String], done: &[Rollout]) -> Arc<[String]> {
+    let done: std::collections::HashSet<&str> =
+        done.iter().map(|r| r.rollout_id.as_str()).collect();
+    ids.iter()
+        .filter(|id| !done.contains(id.as_str()))
+        .cloned()
+        .collect()
+}
+
 /// Options of [`SqliteLightningStore::open_with`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct SqliteOptions {
@@ -495,22 +505,36 @@ impl LightningStore for SqliteLightningStore {
         // A timeout too large to represent means "no limit".
         let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
         let mut finished = self.inner.finished.clone();
-        let ids: Arc<[String]> = rollout_ids.into();
+        let all_ids: Arc<[String]> = rollout_ids.into();
+        // Only the ids not seen finished are re-checked on each wake-up, so a wait for n
+        // rollouts costs O(pending) per wake instead of O(n); the answer itself always comes
+        // from one snapshot of every id (request order, current states).
+        let mut pending: Arc<[String]> = Arc::clone(&all_ids);
         loop {
             // Mark the current version as seen *before* looking, so no finish is missed.
             finished.borrow_and_update();
-            let snapshot_ids = Arc::clone(&ids);
-            let (done, all, watchdog_at) = self
+            let snapshot_ids = Arc::clone(&pending);
+            let (done, _, watchdog_at) = self
                 .inner
                 .call(true, move |ctx, _| ctx.wait_snapshot(&snapshot_ids))
                 .await?;
-            if all {
-                return Ok(done);
+            if !done.is_empty() {
+                pending = not_in(&pending, &done);
+            }
+            let timed_out = deadline.is_some_and(|d| d <= tokio::time::Instant::now());
+            if pending.is_empty() || timed_out {
+                let snapshot_ids = Arc::clone(&all_ids);
+                let (done, all, _) = self
+                    .inner
+                    .call(true, move |ctx, _| ctx.wait_snapshot(&snapshot_ids))
+                    .await?;
+                if all || timed_out {
+                    return Ok(done);
+                }
+                // A rollout left its finished status meanwhile (re-enqueued): keep waiting.
+                pending = not_in(&all_ids, &done);
             }
             let tokio_now = tokio::time::Instant::now();
-            if deadline.is_some_and(|d| d <= tokio_now) {
-                return Ok(done);
-            }
             let now = now_seconds();
             // Wake for the next watchdog deadline too, so timeouts resolve while we wait, and
             // at least every WAIT_RECHECK for writers in other processes.
