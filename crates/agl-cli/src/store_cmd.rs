@@ -3,8 +3,8 @@
 //! A store spec is `memory` (the in-memory backend, lost at exit) or the path of a SQLite
 //! database (created if missing, durable; see `agl_store::sqlite`). `inspect` opens an
 //! existing database and prints counts by status, the rewards and governance violations found
-//! in the spans, and the last rollouts. Reads only: it never creates a file, and the watchdog
-//! is not run, so statuses are exactly as the last writer left them.
+//! in the spans, and the last rollouts. It never creates a file, and the watchdog is off (no
+//! lazy scan, no sweeper), so statuses are exactly as the last writer left them.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

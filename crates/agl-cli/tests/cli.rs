@@ -612,3 +612,42 @@ fn train_on_a_sqlite_store_matches_memory_and_can_be_inspected() {
     ]);
     assert_one_line_error(&o, "no store database");
 }
+
+/// `agl store inspect` shows statuses as the last writer left them: an attempt past its
+/// timeout is not timed out by inspecting (no watchdog runs), and the file is not changed.
+#[test]
+fn inspect_does_not_run_the_watchdog() {
+    use agl_store::{LightningStore, SqliteLightningStore};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("stale.sqlite");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = SqliteLightningStore::open(&db).unwrap();
+        let mut request = agl_core::EnqueueRolloutRequest::new(serde_json::json!("q"));
+        request.config = Some(agl_core::RolloutConfig {
+            timeout_seconds: Some(0.01),
+            ..agl_core::RolloutConfig::default()
+        });
+        store
+            .start_rollout(request, Some("w".into()))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let before = std::fs::read(&db).unwrap();
+    let o = agl(&["store", "inspect", db.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "inspect failed: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["statistics"]["rollouts_by_status"]["preparing"], 1, "{v}");
+    assert_eq!(v["statistics"]["attempts_by_status"]["preparing"], 1, "{v}");
+    assert_eq!(v["last"][0]["status"], "preparing", "{v}");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "inspect changed the database"
+    );
+}

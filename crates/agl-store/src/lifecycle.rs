@@ -670,7 +670,8 @@ pub struct ScanDebounce {
 }
 
 impl ScanDebounce {
-    /// A debounce of `debounce_seconds` (negative values count as 0).
+    /// A debounce of `debounce_seconds` (negative values count as 0; `f64::INFINITY` turns the
+    /// lazy scan off entirely, for read-only inspection of a store).
     pub fn new(debounce_seconds: f64) -> Self {
         ScanDebounce {
             debounce_seconds: debounce_seconds.max(0.0),
@@ -685,6 +686,9 @@ impl ScanDebounce {
 
     /// Whether a scan is due at `now`; if so, records `now` as the last scan.
     pub fn should_scan(&mut self, now: f64) -> bool {
+        if self.debounce_seconds.is_infinite() {
+            return false;
+        }
         let due = match self.last_scan {
             None => true,
             Some(last) => now - last >= self.debounce_seconds,
@@ -697,6 +701,9 @@ impl ScanDebounce {
 
     /// The earliest Unix time at which the next scan may run.
     pub fn next_scan_at(&self) -> f64 {
+        if self.debounce_seconds.is_infinite() {
+            return f64::INFINITY;
+        }
         match self.last_scan {
             None => f64::NEG_INFINITY,
             Some(last) => last + self.debounce_seconds,
@@ -1042,6 +1049,12 @@ mod tests {
         assert!(d.should_scan(10.0));
         let mut zero = ScanDebounce::new(0.0);
         assert!(zero.should_scan(1.0) && zero.should_scan(1.0));
+        let mut off = ScanDebounce::new(f64::INFINITY);
+        assert!(
+            !off.should_scan(0.0),
+            "an infinite debounce never scans, not even first"
+        );
+        assert_eq!(off.next_scan_at(), f64::INFINITY);
     }
 
     #[test]
