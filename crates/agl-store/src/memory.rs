@@ -339,7 +339,8 @@ impl InMemoryLightningStore {
         Self::with_options(seconds, Some(sweeper::DEFAULT_SWEEP_INTERVAL))
     }
 
-    /// An empty store with a lazy-scan debounce of `debounce_seconds` and a background sweep
+    /// An empty store with a lazy-scan debounce of `debounce_seconds` (`f64::INFINITY` = no
+    /// lazy scan) and a background sweep
     /// every `sweep_interval` (`None` = no background sweeper; the lazy scan still runs).
     pub fn with_options(debounce_seconds: f64, sweep_interval: Option<Duration>) -> Self {
         let seconds = debounce_seconds;

@@ -111,8 +111,9 @@ fn not_in(ids: &[String], done: &[Rollout]) -> Arc<[String]> {
 /// Options of [`SqliteLightningStore::open_with`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct SqliteOptions {
-    /// Debounce of the lazy watchdog scan, in seconds (`0` = before every listed operation).
-    /// Default [`lifecycle::DEFAULT_SCAN_DEBOUNCE_SECONDS`] (10 s).
+    /// Debounce of the lazy watchdog scan, in seconds (`0` = before every listed operation,
+    /// `f64::INFINITY` = never, for read-only inspection). Default
+    /// [`lifecycle::DEFAULT_SCAN_DEBOUNCE_SECONDS`] (10 s).
     pub scan_debounce_seconds: f64,
     /// Time between two background watchdog scans; `None` = no background sweeper. Default
     /// [`sweeper::DEFAULT_SWEEP_INTERVAL`] (500 ms).
