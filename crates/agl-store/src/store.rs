@@ -272,7 +272,7 @@ pub trait LightningStore: Send + Sync {
     async fn statistics(&self) -> Result<StoreStatistics, StoreError>;
 
     /// Runs the watchdog scan (§4.5) now, ignoring the debounce, and returns how many attempts
-    /// it moved to `timeout`/`unresponsive`. The background sweeper calls this; so can tests.
+    /// it moved to `timeout`/`unresponsive`. The background sweeper runs the same scan.
     async fn run_watchdog(&self) -> Result<usize, StoreError>;
 
     /// Flushes and closes the backend; later operations fail with [`StoreError::Closed`]
