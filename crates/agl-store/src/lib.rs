@@ -16,6 +16,7 @@ pub mod query;
 pub mod sqlite;
 pub mod store;
 pub mod sweeper;
+pub mod wait;
 pub mod workload;
 
 #[cfg(any(test, feature = "conformance"))]

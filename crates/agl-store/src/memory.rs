@@ -32,6 +32,7 @@ use crate::query::{
 };
 use crate::store::{AttemptUpdate, LightningStore, RolloutUpdate, StoreStatistics};
 use crate::sweeper::{self, Sweeper};
+use crate::wait::{self, WaitSnapshot};
 
 /// One rollout with everything that hangs off it.
 struct Entry {
@@ -264,7 +265,7 @@ impl State {
 
     /// Finished rollouts among `ids` (request order, unknown omitted), whether all are
     /// finished, and the earliest Unix time at which the watchdog may change one of them.
-    fn wait_snapshot(&self, ids: &[String]) -> (Vec<Rollout>, bool, Option<f64>) {
+    fn wait_snapshot(&self, ids: &[String]) -> WaitSnapshot {
         let mut done = Vec::new();
         let mut all = true;
         let mut next_wake: Option<f64> = None;
@@ -710,42 +711,17 @@ impl LightningStore for InMemoryLightningStore {
         rollout_ids: &[String],
         timeout: Option<Duration>,
     ) -> Result<Vec<Rollout>, StoreError> {
-        // A timeout too large to represent means "no limit".
-        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
-        let mut finished = self.inner.finished.clone();
-        loop {
-            // Mark the current version as seen *before* looking, so no finish is missed.
-            finished.borrow_and_update();
-            let now = now_seconds();
-            let (done, all, watchdog_at) = self.lock_scanned(now).wait_snapshot(rollout_ids);
-            if all {
-                return Ok(done);
-            }
-            let tokio_now = tokio::time::Instant::now();
-            if deadline.is_some_and(|d| d <= tokio_now) {
-                return Ok(done);
-            }
-            // Wake for the next watchdog deadline too, so timeouts resolve while we wait.
-            let watchdog_wake = watchdog_at.map(|at| {
-                let secs = ((at - now).max(0.0) + 0.001).min(3600.0);
-                tokio_now + Duration::try_from_secs_f64(secs).unwrap_or(Duration::from_millis(1))
-            });
-            let wake = match (deadline, watchdog_wake) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            match wake {
-                Some(at) => {
-                    // Ok = a rollout finished; Err = the wake time passed. Both re-check.
-                    let _ = tokio::time::timeout_at(at, finished.changed()).await;
-                }
-                None => {
-                    if finished.changed().await.is_err() {
-                        return Err(StoreError::Closed);
-                    }
-                }
-            }
-        }
+        wait::wait_for_rollouts(
+            self.inner.finished.clone(),
+            rollout_ids,
+            timeout,
+            None,
+            |ids| {
+                let snapshot = self.lock_scanned(now_seconds()).wait_snapshot(&ids);
+                std::future::ready(Ok(snapshot))
+            },
+        )
+        .await
     }
 
     async fn update_worker(

@@ -77,7 +77,7 @@ use std::time::{Duration, Instant};
 
 use agl_core::{
     AnyRollout, Attempt, AttemptedRollout, EnqueueRolloutRequest, NamedResources, ResourcesUpdate,
-    Rollout, Span, Worker, now_seconds,
+    Rollout, Span, Worker,
 };
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
@@ -91,22 +91,13 @@ use crate::query::{
 };
 use crate::store::{AttemptUpdate, LightningStore, RolloutUpdate, StoreStatistics};
 use crate::sweeper::{self, Sweeper};
+use crate::wait;
 
 pub use self::schema::{APPLICATION_ID, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
 
 /// Longest a `wait_for_rollouts` waiter sleeps before re-reading the database, so rollouts
 /// finished by another process are noticed.
 const WAIT_RECHECK: Duration = Duration::from_secs(1);
-
-/// The ids of `ids` that are not among the rollouts of `done`, in order.
-fn not_in(ids: &[String], done: &[Rollout]) -> Arc<[String]> {
-    let done: std::collections::HashSet<&str> =
-        done.iter().map(|r| r.rollout_id.as_str()).collect();
-    ids.iter()
-        .filter(|id| !done.contains(id.as_str()))
-        .cloned()
-        .collect()
-}
 
 /// Options of [`SqliteLightningStore::open_with`].
 #[derive(Debug, Clone, PartialEq)]
@@ -503,56 +494,15 @@ impl LightningStore for SqliteLightningStore {
         rollout_ids: &[String],
         timeout: Option<Duration>,
     ) -> Result<Vec<Rollout>, StoreError> {
-        // A timeout too large to represent means "no limit".
-        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
-        let mut finished = self.inner.finished.clone();
-        let all_ids: Arc<[String]> = rollout_ids.into();
-        // Only the ids not seen finished are re-checked on each wake-up, so a wait for n
-        // rollouts costs O(pending) per wake instead of O(n); the answer itself always comes
-        // from one snapshot of every id (request order, current states).
-        let mut pending: Arc<[String]> = Arc::clone(&all_ids);
-        loop {
-            // Mark the current version as seen *before* looking, so no finish is missed.
-            finished.borrow_and_update();
-            let snapshot_ids = Arc::clone(&pending);
-            let (done, _, watchdog_at) = self
-                .inner
-                .call(true, move |ctx, _| ctx.wait_snapshot(&snapshot_ids))
-                .await?;
-            if !done.is_empty() {
-                pending = not_in(&pending, &done);
-            }
-            let timed_out = deadline.is_some_and(|d| d <= tokio::time::Instant::now());
-            if pending.is_empty() || timed_out {
-                let snapshot_ids = Arc::clone(&all_ids);
-                let (done, all, _) = self
-                    .inner
-                    .call(true, move |ctx, _| ctx.wait_snapshot(&snapshot_ids))
-                    .await?;
-                if all || timed_out {
-                    return Ok(done);
-                }
-                // A rollout left its finished status meanwhile (re-enqueued): keep waiting.
-                pending = not_in(&all_ids, &done);
-            }
-            let tokio_now = tokio::time::Instant::now();
-            let now = now_seconds();
-            // Wake for the next watchdog deadline too, so timeouts resolve while we wait, and
-            // at least every WAIT_RECHECK for writers in other processes.
-            let mut wake = tokio_now + WAIT_RECHECK;
-            if let Some(at) = watchdog_at {
-                let secs = ((at - now).max(0.0) + 0.001).min(WAIT_RECHECK.as_secs_f64());
-                let d = Duration::try_from_secs_f64(secs).unwrap_or(Duration::from_millis(1));
-                wake = wake.min(tokio_now + d);
-            }
-            if let Some(d) = deadline {
-                wake = wake.min(d);
-            }
-            // Ok = a rollout finished; Err = the wake time passed. Both re-check.
-            if let Ok(Err(_)) = tokio::time::timeout_at(wake, finished.changed()).await {
-                return Err(StoreError::Closed);
-            }
-        }
+        let inner = &self.inner;
+        wait::wait_for_rollouts(
+            inner.finished.clone(),
+            rollout_ids,
+            timeout,
+            Some(WAIT_RECHECK),
+            |ids| inner.call(true, move |ctx, _| ctx.wait_snapshot(&ids)),
+        )
+        .await
     }
 
     async fn update_worker(

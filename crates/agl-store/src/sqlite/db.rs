@@ -1181,7 +1181,7 @@ impl Ctx {
     pub(crate) fn wait_snapshot(
         &self,
         ids: &[String],
-    ) -> Result<(Vec<Rollout>, bool, Option<f64>), StoreError> {
+    ) -> Result<crate::wait::WaitSnapshot, StoreError> {
         let mut done = Vec::new();
         let mut all = true;
         let mut next_wake: Option<f64> = None;
