@@ -154,16 +154,17 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             }
             summaries.push(s);
         }
-        let last_page = store
-            .query_rollouts(RolloutQuery {
-                sort: Sort::desc("start_time"),
-                window: Window {
-                    limit: Some(args.last.max(1) as u64),
-                    offset: 0,
-                },
-                ..RolloutQuery::default()
-            })
-            .await?;
+        // The newest rollouts, sorted from the page already read (no second pass over the
+        // database), with the store's own sort semantics.
+        let newest: Vec<&AnyRollout> = all.items.iter().collect();
+        let last_page = agl_store::query::finish(
+            newest,
+            &Sort::desc("start_time"),
+            Window {
+                limit: Some(args.last.max(1) as u64),
+                offset: 0,
+            },
+        )?;
         let index: std::collections::HashMap<&str, &SpanSummary> = all
             .items
             .iter()
@@ -174,7 +175,7 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             .items
             .iter()
             .take(args.last)
-            .map(|item: &AnyRollout| {
+            .map(|item: &&AnyRollout| {
                 let r = item.rollout();
                 let s = index.get(r.rollout_id.as_str()).copied();
                 LastRollout {
