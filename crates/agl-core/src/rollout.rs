@@ -233,6 +233,7 @@ pub struct Rollout {
     /// `"ro-"` + 12 hex.
     pub rollout_id: String,
     /// The task input, any JSON value (required key; may be `null`).
+    #[serde(deserialize_with = "required_value")]
     pub input: Value,
     /// Unix seconds when the rollout was created (enqueue or start_rollout).
     pub start_time: f64,
@@ -387,6 +388,7 @@ pub struct Attempt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EnqueueRolloutRequest {
     /// The task input (required key; may be `null`).
+    #[serde(deserialize_with = "required_value")]
     pub input: Value,
     /// `train` / `val` / `test` or `null`.
     #[serde(default)]
@@ -563,4 +565,10 @@ mod tests {
             "attempt":{"rollout_id":"ro-b","attempt_id":"at-1","sequence_id":1,"start_time":1.0}});
         assert!(serde_json::from_value::<AnyRollout>(mismatched).is_err());
     }
+}
+
+/// Deserializes a JSON value whose key must be present (it may be `null`): without
+/// `deserialize_with`, serde would turn a missing `input` key into `null` silently.
+fn required_value<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+    Value::deserialize(d)
 }
