@@ -5,6 +5,7 @@ mod audit_cmd;
 mod bench_cmd;
 mod plot;
 mod policy_cmd;
+mod runner_cmd;
 mod store_bench;
 mod store_cmd;
 mod train_cmd;
@@ -40,11 +41,10 @@ enum Command {
         #[command(subcommand)]
         command: policy_cmd::PolicyCommand,
     },
-    /// Inspect stores (`agl train --store PATH.sqlite` leaves one behind).
-    Store {
-        #[command(subcommand)]
-        command: store_cmd::StoreCommand,
-    },
+    /// Serve a store over HTTP (Agent Lightning v0.3.0 compatible), or inspect one.
+    Store(store_cmd::StoreArgs),
+    /// Run runner processes that serve a remote store's rollouts (`agl store`).
+    Runner(runner_cmd::RunnerArgs),
     /// Verify, summarize and export flight-recorder databases (`agl train --audit-log`).
     Audit {
         #[command(subcommand)]
@@ -83,7 +83,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(*args),
         Command::Bench { command } => bench_cmd::run(command),
-        Command::Store { command } => store_cmd::run(command),
+        Command::Store(args) => store_cmd::run(args),
+        Command::Runner(args) => runner_cmd::run(args),
         Command::Policy { command } => {
             // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
             return match policy_cmd::run(command) {

@@ -1,4 +1,11 @@
-//! `agl store …`: opening a store from a command-line spec, and `agl store inspect PATH`.
+//! `agl store …`: serving a store over HTTP (`agl store [--db PATH]`), opening a store from a
+//! command-line spec, and `agl store inspect PATH`.
+//!
+//! `agl store` runs the Agent Lightning v0.3.0-compatible server of `agl_server` (REST under
+//! `/v1/agl`, OTLP at `/v1/traces`, Prometheus at `/metrics`) over the in-memory backend, or
+//! over a durable SQLite database with `--db PATH`, until SIGTERM or Ctrl-C; then it finishes
+//! in-flight requests and closes the database. It prints `agl store listening on URL` on
+//! stdout once it accepts connections.
 //!
 //! A store spec is `memory` (the in-memory backend, lost at exit) or the path of a SQLite
 //! database (created if missing, durable; see `agl_store::sqlite`). `inspect` opens an
@@ -11,6 +18,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use agl_core::{AnyRollout, AttributeValue, Span, find_final_reward};
+use agl_server::ServerConfig;
 use agl_store::{
     InMemoryLightningStore, LightningStore, RolloutQuery, Sort, SqliteLightningStore,
     SqliteOptions, Window,
@@ -18,6 +26,52 @@ use agl_store::{
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
+
+/// `agl store [OPTIONS]` serves; `agl store inspect PATH` inspects.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct StoreArgs {
+    #[command(subcommand)]
+    command: Option<StoreCommand>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// Arguments of the server (`agl store`).
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to bind (use 0.0.0.0 to accept other machines).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free port; the URL is printed).
+    #[arg(long, default_value_t = agl_server::server::DEFAULT_PORT)]
+    port: u16,
+    /// SQLite database to serve (created if missing). Without it the store is in memory and
+    /// lost when the server stops.
+    #[arg(long, value_name = "PATH")]
+    db: Option<PathBuf>,
+    /// Require `Authorization: Bearer TOKEN` on every endpoint except /v1/agl/health.
+    #[arg(
+        long,
+        env = "AGL_STORE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    auth_token: Option<String>,
+    /// Allow browser requests from this origin (repeatable; `*` = any origin, without
+    /// credentials). CORS is off without it.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
+    /// Largest accepted request body, MiB (gzip OTLP bodies: after decompression).
+    #[arg(long, default_value_t = 16)]
+    body_limit_mib: usize,
+    /// Longest single `POST /v1/agl/waits/rollouts`, seconds.
+    #[arg(long, default_value_t = 25.0)]
+    max_wait: f64,
+    /// Seconds between watchdog scans before requests (0 = every request).
+    #[arg(long, default_value_t = 10.0)]
+    scan_debounce: f64,
+}
 
 /// `agl store …` subcommands.
 #[derive(Debug, Subcommand)]
@@ -50,11 +104,61 @@ pub fn open_store(spec: &str) -> anyhow::Result<Arc<dyn LightningStore>> {
     Ok(Arc::new(store))
 }
 
-/// Runs an `agl store` subcommand.
-pub fn run(cmd: StoreCommand) -> anyhow::Result<ExitCode> {
-    match cmd {
-        StoreCommand::Inspect(args) => inspect(&args),
+/// Runs `agl store`: the server, or a subcommand.
+pub fn run(args: StoreArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Some(StoreCommand::Inspect(a)) => inspect(&a),
+        None => serve(args.serve),
     }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.scan_debounce.is_finite() && args.scan_debounce >= 0.0,
+        "--scan-debounce must be a non-negative number of seconds"
+    );
+    let config = ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        auth_token: args.auth_token.clone().filter(|t| !t.is_empty()),
+        body_limit_bytes: args.body_limit_mib.saturating_mul(1024 * 1024),
+        cors_origins: args.cors_origins.clone(),
+        max_wait_seconds: args.max_wait,
+    };
+    config.validate()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let store: Arc<dyn LightningStore> = match &args.db {
+            Some(path) => {
+                let options = SqliteOptions {
+                    scan_debounce_seconds: args.scan_debounce,
+                    ..SqliteOptions::default()
+                };
+                Arc::new(
+                    SqliteLightningStore::open_with(path, options)
+                        .with_context(|| format!("opening the SQLite store {}", path.display()))?,
+                )
+            }
+            None => Arc::new(InMemoryLightningStore::with_scan_debounce_seconds(
+                args.scan_debounce,
+            )),
+        };
+        let backend = args
+            .db
+            .as_ref()
+            .map_or("memory".to_string(), |p| format!("SQLite {}", p.display()));
+        agl_server::server::serve_until_signal(store, config, |addr| {
+            use std::io::Write;
+            println!("agl store listening on http://{addr} ({backend})");
+            let _ = std::io::stdout().flush();
+        })
+        .await?;
+        eprintln!("agl store stopped");
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// What one rollout's spans say.

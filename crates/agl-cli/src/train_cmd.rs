@@ -7,11 +7,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agl_core::{AttemptStatus, RolloutConfig};
 use agl_gov::{FlightRecorder, GovernanceMode};
 use agl_spider::{CandidateConfig, ExecutorConfig, SpiderDataset, Split};
+use agl_store::LightningStore;
 use agl_train::{
-    EvalStats, GrpoConfig, RunReport, Session, SpiderTask, TaskConfig, TrainConfig, build_kernel,
-    initial_policy,
+    EvalStats, GrpoConfig, RunReport, RunSpec, Session, SpiderTask, TaskConfig, TrainConfig,
+    build_kernel, initial_policy,
 };
 use anyhow::Context;
 use clap::Args;
@@ -84,6 +86,142 @@ pub struct TrainArgs {
     /// Statement time limit in seconds.
     #[arg(long, default_value_t = 2.0)]
     sql_timeout: f64,
+    /// Use a remote store server (`agl store`) instead of `--store`; runner processes started
+    /// with `agl runner --store-url URL` serve its rollouts (with `--workers 0`, only they do).
+    #[arg(long, value_name = "URL")]
+    store_url: Option<String>,
+    /// Spawn N `agl runner` processes (each with `--workers` workers) to run the rollouts
+    /// instead of in-process workers. Without `--store-url`, the trainer serves its `--store`
+    /// over HTTP on a free local port for them.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    runner_processes: usize,
+    /// Bearer token of the store server (for `--store-url`, and required of runner processes
+    /// by the trainer's own server).
+    #[arg(
+        long,
+        env = "AGL_STORE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    auth_token: Option<String>,
+    /// With runner processes or a remote store: seconds without a heartbeat after which an
+    /// attempt is `unresponsive` and its rollout is retried (up to 3 attempts).
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    unresponsive_seconds: f64,
+}
+
+/// `agl runner` child processes of a training.
+struct RunnerProcesses {
+    children: Vec<std::process::Child>,
+}
+
+impl RunnerProcesses {
+    fn spawn(
+        n: usize,
+        url: &str,
+        workers: usize,
+        data: &Path,
+        token: Option<&str>,
+        audit_log: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("locating the agl executable")?;
+        let mut children = Vec::with_capacity(n);
+        for k in 0..n {
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args(["runner", "--store-url", url, "--workers"])
+                .arg(workers.to_string())
+                .arg("--data")
+                .arg(data)
+                .stdout(std::process::Stdio::null());
+            if let Some(t) = token {
+                cmd.env("AGL_STORE_TOKEN", t);
+            }
+            if let Some(p) = audit_log {
+                cmd.arg("--audit-log").arg(runner_audit_log(p, k));
+            }
+            children.push(cmd.spawn().context("starting an `agl runner` process")?);
+        }
+        Ok(RunnerProcesses { children })
+    }
+
+    /// `true` when every runner process has exited.
+    fn all_exited(&mut self) -> bool {
+        self.children
+            .iter_mut()
+            .all(|c| matches!(c.try_wait(), Ok(Some(_)) | Err(_)))
+    }
+
+    /// SIGTERM, then waits (SIGKILL after 10 s).
+    fn stop(mut self) {
+        for c in &mut self.children {
+            terminate(c);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for c in &mut self.children {
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Asks a runner process to stop (SIGTERM: it finishes its current rollouts).
+#[cfg(unix)]
+fn terminate(c: &mut std::process::Child) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    match i32::try_from(c.id()) {
+        Ok(pid) => {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        Err(_) => {
+            let _ = c.kill();
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn terminate(c: &mut std::process::Child) {
+    let _ = c.kill();
+}
+
+/// Runs `fut`, failing early if every runner process has exited (nothing would serve the
+/// rollouts it waits for).
+async fn guarded<T>(
+    runners: &std::sync::Mutex<Option<RunnerProcesses>>,
+    fut: impl std::future::Future<Output = Result<T, agl_train::TrainError>>,
+) -> anyhow::Result<T> {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            r = &mut fut => return Ok(r?),
+            () = tokio::time::sleep(Duration::from_millis(500)) => {
+                let gone = runners
+                    .lock()
+                    .ok()
+                    .is_some_and(|mut g| g.as_mut().is_some_and(RunnerProcesses::all_exited));
+                anyhow::ensure!(
+                    !gone,
+                    "every `agl runner` process has exited; see their errors above"
+                );
+            }
+        }
+    }
+}
+
+/// The audit log of runner process `k` of a training whose `--audit-log` is `path`.
+fn runner_audit_log(path: &Path, k: usize) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_string())
+        .unwrap_or_else(|| "db".into());
+    path.with_file_name(format!("{stem}.runner-{k}.{ext}"))
 }
 
 /// The data directory: `--data`, else `$AGL_DATA`, else `./data/spider`, else the vendored copy
@@ -180,10 +318,45 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let store = {
-        let _runtime = rt.enter();
-        crate::store_cmd::open_store(&args.store)?
-    };
+    anyhow::ensure!(
+        args.unresponsive_seconds.is_finite() && args.unresponsive_seconds > 0.0,
+        "--unresponsive-seconds must be a positive number of seconds"
+    );
+    // The store: a remote server, or `--store` (served over HTTP to our own runner processes
+    // when there are any).
+    let (store, server): (Arc<dyn LightningStore>, Option<agl_server::RunningServer>) =
+        match &args.store_url {
+            Some(url) => {
+                let client = crate::runner_cmd::client(url, args.auth_token.clone())?;
+                rt.block_on(crate::runner_cmd::wait_for_server(
+                    &client,
+                    Duration::from_secs(30),
+                ))?;
+                (Arc::new(client), None)
+            }
+            None => {
+                let store = {
+                    let _runtime = rt.enter();
+                    crate::store_cmd::open_store(&args.store)?
+                };
+                let server = if args.runner_processes > 0 {
+                    let config = agl_server::ServerConfig {
+                        port: 0,
+                        auth_token: args.auth_token.clone().filter(|t| !t.is_empty()),
+                        ..agl_server::ServerConfig::default()
+                    };
+                    Some(rt.block_on(agl_server::start(store.clone(), config))?)
+                } else {
+                    None
+                };
+                (store, server)
+            }
+        };
+    let runner_url = args
+        .store_url
+        .clone()
+        .or_else(|| server.as_ref().map(|s| s.url()));
+    let remote = runner_url.is_some();
     let candidates = CandidateConfig {
         total: args.candidates,
         distractors: args.distractors.min(args.candidates - 1),
@@ -214,18 +387,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     }
 
     let recorder = match &args.audit_log {
-        Some(p) => {
-            let hmac_key =
-                match std::env::var_os(agl_gov::AUDIT_KEY_FILE_ENV).filter(|v| !v.is_empty()) {
-                    Some(k) => Some(agl_gov::hmac_key_from_file(Path::new(&k))?),
-                    None => None,
-                };
-            let config = agl_gov::RecorderConfig {
-                hmac_key,
-                ..agl_gov::RecorderConfig::default()
-            };
-            Some(Arc::new(FlightRecorder::open(p, config)?))
-        }
+        Some(p) => Some(open_recorder(p)?),
         None => None,
     };
     let modes: Vec<GovernanceMode> = if args.compare {
@@ -239,37 +401,83 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         GovernanceMode::Enforce,
         recorder.clone(),
     )?);
+    let runners = match (&runner_url, args.runner_processes) {
+        (Some(url), n) if n > 0 => Some(RunnerProcesses::spawn(
+            n,
+            url,
+            args.workers,
+            &data,
+            args.auth_token.as_deref(),
+            args.audit_log.as_deref(),
+        )?),
+        _ => None,
+    };
+    let runners = std::sync::Mutex::new(runners);
     let (untrained, runs) = rt.block_on(async {
         let mut runs: Vec<(GovernanceMode, RunReport)> = Vec::new();
         let mut untrained = None;
         for mode in &modes {
             let kernel = Arc::new(build_kernel(&task, &policy, *mode, recorder.clone())?);
-            let session = Session::start_on(
+            let in_process = TrainConfig {
+                workers: if args.runner_processes > 0 {
+                    0
+                } else {
+                    config.workers
+                },
+                ..config.clone()
+            };
+            let mut session = Session::start_on(
                 store.clone(),
                 task.clone(),
-                &config,
+                &in_process,
                 kernel,
                 eval_kernel.clone(),
-            );
+            )
+            .with_spec(RunSpec {
+                governance: *mode,
+                policy: args.policy.clone(),
+                reward: config.reward.clone(),
+                candidates,
+                limit: args.limit,
+                dev_limit: args.dev_limit,
+                sql_timeout_seconds: args.sql_timeout,
+            });
+            if remote {
+                session = session.with_rollout_config(RolloutConfig {
+                    unresponsive_seconds: Some(args.unresponsive_seconds),
+                    max_attempts: 3,
+                    retry_condition: vec![AttemptStatus::Unresponsive, AttemptStatus::Timeout],
+                    ..RolloutConfig::default()
+                });
+            }
             if untrained.is_none() {
                 let policy = initial_policy(config.seed)?;
-                untrained = Some(session.evaluate(policy.as_ref(), Split::Dev).await?);
+                untrained =
+                    Some(guarded(&runners, session.evaluate(policy.as_ref(), Split::Dev)).await?);
             }
             let bar = progress_bar(
                 mode_name(*mode),
                 (config.epochs * task.train.len() * config.grpo.group_size) as u64,
             );
-            let report =
-                agl_train::train(&session, &config, initial_policy(config.seed)?, &mut |p| {
-                    bar.set_position(p.done);
-                    bar.set_message(format!(
-                        "reward {:>6.2}  violations {:>5.1}%  {:>5.0} rollouts/s",
-                        p.mean_reward,
-                        100.0 * p.violation_rate,
-                        p.rollouts_per_second
-                    ));
-                })
-                .await;
+            let mut on_progress = |p: &agl_train::Progress| {
+                bar.set_position(p.done);
+                bar.set_message(format!(
+                    "reward {:>6.2}  violations {:>5.1}%  {:>5.0} rollouts/s",
+                    p.mean_reward,
+                    100.0 * p.violation_rate,
+                    p.rollouts_per_second
+                ));
+            };
+            let report = guarded(
+                &runners,
+                agl_train::train(
+                    &session,
+                    &config,
+                    initial_policy(config.seed)?,
+                    &mut on_progress,
+                ),
+            )
+            .await;
             bar.finish_and_clear();
             session.shutdown().await?;
             let report = report?;
@@ -282,7 +490,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             );
             runs.push((*mode, report));
         }
-        if args.store != "memory" {
+        if let Some(r) = runners.lock().ok().and_then(|mut r| r.take()) {
+            tokio::task::spawn_blocking(move || r.stop()).await.ok();
+        }
+        if let Some(server) = server {
+            server.shutdown().await?;
+        }
+        if args.store_url.is_none() && args.store != "memory" {
             let stats = store.statistics().await?;
             store.close().await?;
             eprintln!(
@@ -340,6 +554,20 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     }
     println!("total time: {:.1} s", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Opens (or continues) the flight-recorder database at `path`, keyed when
+/// `$AGL_AUDIT_KEY_FILE` names a key file.
+pub(crate) fn open_recorder(path: &Path) -> anyhow::Result<Arc<FlightRecorder>> {
+    let hmac_key = match std::env::var_os(agl_gov::AUDIT_KEY_FILE_ENV).filter(|v| !v.is_empty()) {
+        Some(k) => Some(agl_gov::hmac_key_from_file(Path::new(&k))?),
+        None => None,
+    };
+    let config = agl_gov::RecorderConfig {
+        hmac_key,
+        ..agl_gov::RecorderConfig::default()
+    };
+    Ok(Arc::new(FlightRecorder::open(path, config)?))
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {

@@ -8,7 +8,18 @@
 //! semantics: every handler calls a [`agl_store::LightningStore`] (memory or SQLite), which
 //! applies the lifecycle rules.
 
+// `ApiError` (176 bytes) is returned by value on the error path of every handler; it is built
+// only on failures, so boxing it would cost more code than it saves.
+#![allow(clippy::result_large_err)]
+
+pub mod app;
+pub mod client;
 pub mod error;
+pub mod metrics;
+pub mod otlp;
+pub mod server;
 pub mod wire;
 
+pub use client::{ClientOptions, StoreClient};
 pub use error::{ApiError, ErrorCode, ServerError};
+pub use server::{RunningServer, ServerConfig, start};

@@ -59,11 +59,14 @@ pub use runner::{
     RunnerStats, StepContext, ViolationCallback, governance_attributes,
 };
 pub use spider_env::{PREVIEW_ROWS, QueryFeedback, SpiderAction, SpiderEnv, SpiderObservation};
-pub use spider_runner::{SpiderRunner, SqlTaskInput, StepOutcome, outcome_spans, run_worker};
+pub use spider_runner::{
+    Assignment, FixedRunners, RunnerResolver, SpiderRunner, SqlTaskInput, StepOutcome,
+    WorkerOptions, outcome_spans, run_worker,
+};
 pub use task::{PreparationReport, SpiderTask, TaskConfig, TaskItem};
 pub use trainer::{
-    CurvePoint, EvalStats, Progress, RunReport, Session, TrainConfig, TrainStats, build_kernel,
-    initial_policy, train,
+    CurvePoint, EvalStats, Progress, RUN_SPEC_KEY, RunReport, RunSpec, Session, TrainConfig,
+    TrainStats, build_kernel, initial_policy, train,
 };
 pub use violation::{
     GovernedRollout, Penalized, PolicyViolation, PolicyViolationError, PolicyViolationType,

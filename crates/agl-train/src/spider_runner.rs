@@ -260,9 +260,77 @@ pub fn outcome_spans(
     spans
 }
 
-/// One runner worker: dequeues rollouts until `stop` is set, runs each through a runner (train
-/// rollouts through `train_runner`, val/test rollouts through `eval_runner`), and reports spans
-/// and the attempt status to `store`.
+/// The runner and the prepared task that serve one rollout.
+#[derive(Clone)]
+pub struct Assignment {
+    /// Runs the rollout's action (its kernel decides the governance mode).
+    pub runner: Arc<SpiderRunner>,
+    /// The task whose items the rollout's input indexes.
+    pub task: Arc<SpiderTask>,
+}
+
+/// Chooses the runner and task for each dequeued rollout.
+///
+/// In-process training uses [`FixedRunners`]; runner processes (`agl runner`) resolve them
+/// from the rollout's resources, where the trainer publishes its [`crate::RunSpec`].
+pub trait RunnerResolver: Send + Sync {
+    /// The assignment for `rollout`; an error fails the attempt (the message is kept in its
+    /// metadata) and the worker goes on.
+    fn resolve(
+        &self,
+        handle: &tokio::runtime::Handle,
+        store: &dyn LightningStore,
+        rollout: &AttemptedRollout,
+    ) -> Result<Assignment, TrainError>;
+}
+
+/// One task, train rollouts through `train`, val/test rollouts through `eval`.
+pub struct FixedRunners {
+    /// Runner of `train` rollouts.
+    pub train: Arc<SpiderRunner>,
+    /// Runner of every other rollout (evaluation; its kernel should enforce).
+    pub eval: Arc<SpiderRunner>,
+    /// The prepared task.
+    pub task: Arc<SpiderTask>,
+}
+
+impl RunnerResolver for FixedRunners {
+    fn resolve(
+        &self,
+        _handle: &tokio::runtime::Handle,
+        _store: &dyn LightningStore,
+        rollout: &AttemptedRollout,
+    ) -> Result<Assignment, TrainError> {
+        let runner = match rollout.rollout.mode {
+            Some(RolloutMode::Train) => &self.train,
+            _ => &self.eval,
+        };
+        Ok(Assignment {
+            runner: runner.clone(),
+            task: self.task.clone(),
+        })
+    }
+}
+
+/// How a worker polls an empty queue: it sleeps 1 ms, doubling up to `max_idle` while the
+/// queue stays empty (in-process: 1 ms; over HTTP a longer cap keeps idle runners from
+/// flooding the server).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerOptions {
+    /// Longest sleep between two empty dequeues.
+    pub max_idle: Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            max_idle: Duration::from_millis(1),
+        }
+    }
+}
+
+/// One runner worker: dequeues rollouts until `stop` is set, runs each through the runner
+/// `resolver` assigns, and reports spans and the attempt status to `store`.
 ///
 /// Runs on a blocking thread (SQLite work is synchronous) and drives the async store through
 /// `handle`. An infrastructure error fails the attempt (with the error in its metadata) and the
@@ -270,33 +338,45 @@ pub fn outcome_spans(
 pub fn run_worker(
     handle: tokio::runtime::Handle,
     store: Arc<dyn LightningStore>,
-    train_runner: Arc<SpiderRunner>,
-    eval_runner: Arc<SpiderRunner>,
-    task: Arc<SpiderTask>,
+    resolver: Arc<dyn RunnerResolver>,
     worker_id: String,
     stop: Arc<AtomicBool>,
+    options: WorkerOptions,
 ) -> Result<u64, TrainError> {
-    let mut executor = Executor::new(task.db_root.clone(), Default::default());
+    let mut executor: Option<(std::path::PathBuf, Executor)> = None;
     let mut done = 0u64;
+    let mut idle = Duration::from_millis(1);
     while !stop.load(Ordering::Acquire) {
         let Some(attempted) = handle.block_on(store.dequeue_rollout(Some(&worker_id)))? else {
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(idle);
+            idle = (idle * 2).min(options.max_idle.max(Duration::from_millis(1)));
             continue;
         };
+        idle = Duration::from_millis(1);
         let rid = attempted.rollout.rollout_id.clone();
         let aid = attempted.attempt.attempt_id.clone();
-        let runner = match attempted.rollout.mode {
-            Some(RolloutMode::Train) => &train_runner,
-            _ => &eval_runner,
-        };
-        let status = match process(
-            &handle,
-            store.as_ref(),
-            runner,
-            &task,
-            &mut executor,
-            &attempted,
-        ) {
+        let assignment = resolver.resolve(&handle, store.as_ref(), &attempted);
+        let result = assignment.and_then(|a| {
+            let exec = match &mut executor {
+                Some((root, e)) if *root == a.task.db_root => e,
+                slot => {
+                    let e = Executor::new(a.task.db_root.clone(), Default::default());
+                    &mut slot.insert((a.task.db_root.clone(), e)).1
+                }
+            };
+            let r = process(
+                &handle,
+                store.as_ref(),
+                &a.runner,
+                &a.task,
+                exec,
+                &attempted,
+            );
+            // One action per rollout in this task: its per-rollout governance state can go.
+            a.runner.kernel().end_rollout(&rid);
+            r
+        });
+        let status = match result {
             Ok(()) => AttemptUpdate {
                 status: Some(AttemptStatus::Succeeded),
                 ..AttemptUpdate::default()
@@ -307,8 +387,6 @@ pub fn run_worker(
                 ..AttemptUpdate::default()
             },
         };
-        // One action per rollout in this task: its per-rollout governance state can go.
-        runner.kernel().end_rollout(&rid);
         handle.block_on(store.update_attempt(&rid, &aid, status))?;
         done += 1;
     }

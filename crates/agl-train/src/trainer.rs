@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use agl_core::{
-    EnqueueRolloutRequest, LlmResource, NamedResources, Resource, RolloutMode, RolloutStatus,
+    EnqueueRolloutRequest, LlmResource, NamedResources, Resource, ResourcesUpdate, RolloutConfig,
+    RolloutMode, RolloutStatus,
 };
 use agl_gov::{BuildEnv, DEFAULT_PRESET, FlightRecorder, GovernanceMode, Kernel, PolicyFile};
 use agl_spider::Split;
@@ -31,7 +32,9 @@ use crate::error::TrainError;
 use crate::grpo::{Grpo, GrpoConfig, greedy};
 use crate::model::{FeatureBatch, PolicyModel, Scorer};
 use crate::reward::RewardConfig;
-use crate::spider_runner::{SpiderRunner, SqlTaskInput, run_worker};
+use crate::spider_runner::{
+    FixedRunners, RunnerResolver, SpiderRunner, SqlTaskInput, WorkerOptions, run_worker,
+};
 use crate::task::SpiderTask;
 
 /// Everything that defines a run besides the data.
@@ -69,9 +72,6 @@ impl Default for TrainConfig {
 impl TrainConfig {
     /// Checks ranges; the error names the field.
     pub fn validate(&self) -> Result<(), TrainError> {
-        if self.workers == 0 {
-            return Err(TrainError::Config("workers must be at least 1".into()));
-        }
         self.grpo.validate()
     }
 }
@@ -145,6 +145,66 @@ pub struct Progress {
     pub rollouts_per_second: f64,
 }
 
+/// The key under which the trainer publishes its [`RunSpec`] in the `policy` resource's
+/// `sampling_parameters`.
+pub const RUN_SPEC_KEY: &str = "agl.run";
+
+/// What a runner process needs to serve a run's rollouts, published by the trainer in every
+/// resources version it writes (`resources["policy"].sampling_parameters["agl.run"]`), so
+/// `agl runner` processes need no configuration of their own beyond the data directory.
+///
+/// JSON fields as named; `sql_timeout_seconds` in seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Governance mode of `train` rollouts (evaluation rollouts always enforce).
+    pub governance: GovernanceMode,
+    /// Policy file path or preset name declaring the kernel.
+    pub policy: String,
+    /// Reward shaping of enforce mode.
+    pub reward: RewardConfig,
+    /// Candidate set composition (must match the trainer's, since inputs index candidates).
+    pub candidates: agl_spider::CandidateConfig,
+    /// The trainer's `--limit` (first N train questions).
+    pub limit: Option<usize>,
+    /// The trainer's `--dev-limit`.
+    pub dev_limit: Option<usize>,
+    /// Statement time limit, seconds.
+    pub sql_timeout_seconds: f64,
+}
+
+impl RunSpec {
+    /// The part of the spec that determines the prepared task (runners cache tasks by it).
+    pub fn task_key(&self) -> String {
+        serde_json::json!({
+            "candidates": self.candidates,
+            "limit": self.limit,
+            "dev_limit": self.dev_limit,
+            "sql_timeout_seconds": self.sql_timeout_seconds,
+        })
+        .to_string()
+    }
+
+    /// Reads the spec from a resources update; `Ok(None)` when it carries none.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when the entry exists but is malformed (names the resources id).
+    pub fn from_resources(update: &ResourcesUpdate) -> Result<Option<RunSpec>, TrainError> {
+        let Some(Resource::Llm(llm)) = update.resources.get("policy") else {
+            return Ok(None);
+        };
+        let Some(value) = llm.sampling_parameters.get(RUN_SPEC_KEY) else {
+            return Ok(None);
+        };
+        serde_json::from_value(value.clone()).map(Some).map_err(|e| {
+            TrainError::Config(format!(
+                "resources `{}`: `policy.sampling_parameters.{RUN_SPEC_KEY}` is not a run spec: {e}",
+                update.resources_id
+            ))
+        })
+    }
+}
+
 /// Builds the kernel `policy` declares, in `mode` (overriding the file's mode), with the
 /// task's table statistics for the cost policy, recording into `recorder` when given.
 ///
@@ -173,6 +233,8 @@ pub struct Session {
     store: Arc<dyn LightningStore>,
     stop: Arc<AtomicBool>,
     workers: Vec<tokio::task::JoinHandle<Result<u64, TrainError>>>,
+    spec: Option<RunSpec>,
+    rollout_config: Option<RolloutConfig>,
 }
 
 impl Session {
@@ -188,8 +250,10 @@ impl Session {
         Self::start_on(store, task, config, train_kernel, eval_kernel)
     }
 
-    /// Starts `workers` runner workers serving `store` (any backend: memory, SQLite, …).
-    /// Rollouts already queued in the store are served too.
+    /// Starts `workers` runner workers serving `store` (any backend: memory, SQLite, a
+    /// remote `agl store` through `agl_server::StoreClient`). Rollouts already queued in the
+    /// store are served too. `config.workers == 0` starts none: runner processes serve the
+    /// store (`agl runner`), and [`Session::with_spec`] tells them how.
     pub fn start_on(
         store: Arc<dyn LightningStore>,
         task: Arc<SpiderTask>,
@@ -197,16 +261,42 @@ impl Session {
         train_kernel: Arc<Kernel>,
         eval_kernel: Arc<Kernel>,
     ) -> Self {
+        let resolver: Arc<dyn RunnerResolver> = Arc::new(FixedRunners {
+            train: Arc::new(SpiderRunner::new(train_kernel, config.reward.clone())),
+            eval: Arc::new(SpiderRunner::new(eval_kernel, config.reward.clone())),
+            task: task.clone(),
+        });
+        Self::start_with(
+            store,
+            task,
+            config.workers,
+            resolver,
+            WorkerOptions::default(),
+        )
+    }
+
+    /// Starts `workers` workers that take their runner from `resolver` (what `agl runner`
+    /// does), polling an empty queue as `options` says.
+    pub fn start_with(
+        store: Arc<dyn LightningStore>,
+        task: Arc<SpiderTask>,
+        workers: usize,
+        resolver: Arc<dyn RunnerResolver>,
+        options: WorkerOptions,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let train_runner = Arc::new(SpiderRunner::new(train_kernel, config.reward.clone()));
-        let eval_runner = Arc::new(SpiderRunner::new(eval_kernel, config.reward.clone()));
         let handle = tokio::runtime::Handle::current();
-        let workers = (0..config.workers)
+        let pid = std::process::id();
+        let workers = (0..workers)
             .map(|i| {
-                let (h, st, t, s) = (handle.clone(), store.clone(), task.clone(), stop.clone());
-                let (tr, ev) = (train_runner.clone(), eval_runner.clone());
+                let (h, st, r, s) = (
+                    handle.clone(),
+                    store.clone(),
+                    resolver.clone(),
+                    stop.clone(),
+                );
                 tokio::task::spawn_blocking(move || {
-                    run_worker(h, st, tr, ev, t, format!("Worker-{i}"), s)
+                    run_worker(h, st, r, format!("Worker-{pid}-{i}"), s, options)
                 })
             })
             .collect();
@@ -215,7 +305,36 @@ impl Session {
             store,
             stop,
             workers,
+            spec: None,
+            rollout_config: None,
         }
+    }
+
+    /// Publishes `spec` with every resources version this session writes, so runner processes
+    /// can serve its rollouts.
+    pub fn with_spec(mut self, spec: RunSpec) -> Self {
+        self.spec = Some(spec);
+        self
+    }
+
+    /// Enqueues every rollout with `config` (timeouts and retries), e.g. so rollouts held by a
+    /// runner process that died are retried by another (`unresponsive_seconds`,
+    /// `retry_condition: [unresponsive]`).
+    pub fn with_rollout_config(mut self, config: RolloutConfig) -> Self {
+        self.rollout_config = Some(config);
+        self
+    }
+
+    /// Evaluation rollouts' resources: with a spec, an `agl-eval` version that carries it.
+    async fn eval_resources(&self) -> Result<Option<String>, TrainError> {
+        let Some(spec) = &self.spec else {
+            return Ok(None);
+        };
+        let id = "agl-eval";
+        self.store
+            .update_resources(id, policy_resources(0, 0, Some(spec)))
+            .await?;
+        Ok(Some(id.to_string()))
     }
 
     /// The store.
@@ -248,6 +367,7 @@ impl Session {
                     EnqueueRolloutRequest::new(serde_json::to_value(inp).unwrap_or_default());
                 r.mode = Some(mode);
                 r.resources_id = resources_id.map(str::to_string);
+                r.config = self.rollout_config.clone();
                 r
             })
             .collect();
@@ -302,7 +422,10 @@ impl Session {
                 });
             }
         }
-        let results = self.run_rollouts(&inputs, RolloutMode::Val, None).await?;
+        let resources = self.eval_resources().await?;
+        let results = self
+            .run_rollouts(&inputs, RolloutMode::Val, resources.as_deref())
+            .await?;
         let n = results.len().max(1) as f64;
         Ok(EvalStats {
             questions: results.len(),
@@ -365,7 +488,10 @@ pub async fn train(
             let resources_id = format!("policy-v{version}");
             session
                 .store
-                .update_resources(&resources_id, policy_resources(version, config.seed))
+                .update_resources(
+                    &resources_id,
+                    policy_resources(version, config.seed, session.spec.as_ref()),
+                )
                 .await?;
             let results = session
                 .run_rollouts(&inputs, RolloutMode::Train, Some(&resources_id))
@@ -434,10 +560,16 @@ fn sample(rng: &mut ChaCha8Rng, probs: &[f32]) -> usize {
 }
 
 /// The resources entry that names the policy version a batch of rollouts was sampled from.
-fn policy_resources(version: usize, seed: u64) -> NamedResources {
+fn policy_resources(version: usize, seed: u64, spec: Option<&RunSpec>) -> NamedResources {
     let mut params = serde_json::Map::new();
     params.insert("version".into(), version.into());
     params.insert("seed".into(), seed.into());
+    if let Some(spec) = spec {
+        params.insert(
+            RUN_SPEC_KEY.into(),
+            serde_json::to_value(spec).unwrap_or_default(),
+        );
+    }
     let mut r = NamedResources::new();
     r.insert(
         "policy".into(),

@@ -1,0 +1,306 @@
+//! `agl runner --store-url URL --workers N`: a runner process that serves the built-in Spider
+//! task's rollouts from a remote `agl store`.
+//!
+//! The process needs only the store URL and the Spider data: what to run comes from each
+//! rollout's resources, where `agl train` publishes its [`RunSpec`] (governance mode, policy,
+//! reward shaping, candidate settings). The runner prepares the task once per distinct spec,
+//! builds the kernels, and runs `N` workers (dequeue → governance check → execute → spans →
+//! attempt status) until SIGTERM or Ctrl-C. Worker ids are `Worker-<pid>-<i>`.
+//!
+//! A runner that dies mid-rollout leaves its attempt without heartbeat; with the
+//! `unresponsive_seconds` that `agl train` sets on remote rollouts, the store marks it
+//! `unresponsive` and requeues the rollout for another runner.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agl_core::{AttemptedRollout, RolloutMode};
+use agl_gov::{FlightRecorder, GovernanceMode, PolicyFile};
+use agl_server::{ClientOptions, StoreClient};
+use agl_spider::{ExecutorConfig, SpiderDataset};
+use agl_store::LightningStore;
+use agl_train::{
+    Assignment, RunSpec, RunnerResolver, SpiderRunner, SpiderTask, TaskConfig, TrainError,
+    WorkerOptions, build_kernel, run_worker,
+};
+use anyhow::Context;
+use clap::Args;
+
+/// Arguments of `agl runner`.
+#[derive(Debug, Args)]
+pub struct RunnerArgs {
+    /// The store server, e.g. http://127.0.0.1:4747 (`agl store`).
+    #[arg(long, value_name = "URL")]
+    store_url: String,
+    /// Worker threads in this process.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Spider data directory [default: as `agl train`].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// Bearer token of the store server.
+    #[arg(
+        long,
+        env = "AGL_STORE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    auth_token: Option<String>,
+    /// Record this process's governance checks in a flight-recorder database.
+    #[arg(long, value_name = "FILE.db")]
+    audit_log: Option<PathBuf>,
+    /// Longest sleep between two polls of an empty queue, milliseconds.
+    #[arg(long, default_value_t = 50)]
+    max_idle_ms: u64,
+    /// How long to wait for the store server to answer its health check, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    connect_timeout: f64,
+}
+
+/// Serves rollouts by the [`RunSpec`] of their resources.
+struct ResourceRunners {
+    data: PathBuf,
+    threads: usize,
+    recorder: Option<Arc<FlightRecorder>>,
+    dataset: Mutex<Option<Arc<SpiderDataset>>>,
+    tasks: Mutex<HashMap<String, Arc<SpiderTask>>>,
+    /// (train runner, eval runner) per spec JSON.
+    runners: Mutex<HashMap<String, (Arc<SpiderRunner>, Arc<SpiderRunner>)>>,
+}
+
+fn runner_error(rollout: &AttemptedRollout, message: String) -> TrainError {
+    TrainError::Rollout {
+        rollout_id: rollout.rollout.rollout_id.clone(),
+        message,
+    }
+}
+
+impl ResourceRunners {
+    fn task(&self, spec: &RunSpec) -> Result<Arc<SpiderTask>, TrainError> {
+        let key = spec.task_key();
+        let mut tasks = self.tasks.lock().map_err(|_| poisoned())?;
+        if let Some(t) = tasks.get(&key) {
+            return Ok(t.clone());
+        }
+        let dataset = {
+            let mut slot = self.dataset.lock().map_err(|_| poisoned())?;
+            match &*slot {
+                Some(d) => d.clone(),
+                None => {
+                    let d = Arc::new(SpiderDataset::load(&self.data)?);
+                    *slot = Some(d.clone());
+                    d
+                }
+            }
+        };
+        let config = TaskConfig {
+            candidates: spec.candidates,
+            limit: spec.limit,
+            dev_limit: spec.dev_limit,
+            threads: self.threads,
+            executor: ExecutorConfig {
+                timeout: Duration::from_secs_f64(spec.sql_timeout_seconds.max(0.001)),
+            },
+        };
+        let started = Instant::now();
+        let task = Arc::new(SpiderTask::prepare(&dataset, &config)?);
+        eprintln!(
+            "agl runner: prepared the task ({} train, {} dev questions) in {:.1} s",
+            task.train.len(),
+            task.dev.len(),
+            started.elapsed().as_secs_f64()
+        );
+        tasks.insert(key, task.clone());
+        Ok(task)
+    }
+}
+
+fn poisoned() -> TrainError {
+    TrainError::Worker("a runner lock was poisoned by a panicking worker".into())
+}
+
+impl RunnerResolver for ResourceRunners {
+    fn resolve(
+        &self,
+        handle: &tokio::runtime::Handle,
+        store: &dyn LightningStore,
+        rollout: &AttemptedRollout,
+    ) -> Result<Assignment, TrainError> {
+        let Some(rid) = rollout.rollout.resources_id.as_deref() else {
+            return Err(runner_error(
+                rollout,
+                "the rollout names no resources; `agl runner` serves rollouts enqueued by \
+                 `agl train`, which publishes its run spec as resources"
+                    .into(),
+            ));
+        };
+        // Fetched for every rollout: ids such as `policy-v1` are reused by later runs with
+        // another spec, so a cache by id could serve a rollout with the wrong kernel.
+        let update = handle
+            .block_on(store.get_resources_by_id(rid))?
+            .ok_or_else(|| runner_error(rollout, format!("resources `{rid}` do not exist")))?;
+        let spec = RunSpec::from_resources(&update)?.ok_or_else(|| {
+            runner_error(
+                rollout,
+                format!("resources `{rid}` carry no `agl.run` spec (not published by `agl train`)"),
+            )
+        })?;
+        let task = self.task(&spec)?;
+        let key = serde_json::to_string(&spec).unwrap_or_default();
+        let (train, eval) = {
+            let mut runners = self.runners.lock().map_err(|_| poisoned())?;
+            match runners.get(&key) {
+                Some(pair) => pair.clone(),
+                None => {
+                    let policy = PolicyFile::resolve(&spec.policy)?;
+                    let kernel = |mode| -> Result<Arc<SpiderRunner>, TrainError> {
+                        let k = build_kernel(&task, &policy, mode, self.recorder.clone())?;
+                        Ok(Arc::new(SpiderRunner::new(
+                            Arc::new(k),
+                            spec.reward.clone(),
+                        )))
+                    };
+                    let pair = (kernel(spec.governance)?, kernel(GovernanceMode::Enforce)?);
+                    runners.insert(key, pair.clone());
+                    pair
+                }
+            }
+        };
+        let runner = match rollout.rollout.mode {
+            Some(RolloutMode::Train) => train,
+            _ => eval,
+        };
+        Ok(Assignment { runner, task })
+    }
+}
+
+/// Waits until the server answers its health check, or `timeout` passes.
+pub(crate) async fn wait_for_server(client: &StoreClient, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match client.health().await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                anyhow::bail!(
+                    "the store server {} did not answer within {:.0} s: {e}",
+                    client.base_url(),
+                    timeout.as_secs_f64()
+                )
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// A client for `url` with `token`.
+pub(crate) fn client(url: &str, token: Option<String>) -> anyhow::Result<StoreClient> {
+    let options = ClientOptions {
+        auth_token: token.filter(|t| !t.is_empty()),
+        ..ClientOptions::default()
+    };
+    StoreClient::with_options(url, options)
+        .with_context(|| format!("--store-url {url} is not a usable store URL"))
+}
+
+/// Runs `agl runner`.
+pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.workers >= 1, "--workers must be at least 1");
+    anyhow::ensure!(
+        args.connect_timeout.is_finite() && args.connect_timeout >= 0.0,
+        "--connect-timeout must be a non-negative number of seconds"
+    );
+    let data = crate::train_cmd::data_dir(args.data.clone());
+    anyhow::ensure!(
+        data.is_dir(),
+        "data directory {} does not exist (pass --data DIR)",
+        data.display()
+    );
+    let recorder = match &args.audit_log {
+        Some(p) => Some(crate::train_cmd::open_recorder(p)?),
+        None => None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let client = client(&args.store_url, args.auth_token.clone())?;
+    rt.block_on(wait_for_server(
+        &client,
+        Duration::from_secs_f64(args.connect_timeout),
+    ))?;
+    let store: Arc<dyn LightningStore> = Arc::new(client);
+    let resolver: Arc<dyn RunnerResolver> = Arc::new(ResourceRunners {
+        data,
+        threads: args.workers,
+        recorder: recorder.clone(),
+        dataset: Mutex::new(None),
+        tasks: Mutex::new(HashMap::new()),
+        runners: Mutex::new(HashMap::new()),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let options = WorkerOptions {
+        max_idle: Duration::from_millis(args.max_idle_ms.max(1)),
+    };
+    let pid = std::process::id();
+    let done = rt.block_on(async {
+        let workers: Vec<_> = (0..args.workers)
+            .map(|i| {
+                let (h, s, r, st) = (
+                    tokio::runtime::Handle::current(),
+                    store.clone(),
+                    resolver.clone(),
+                    stop.clone(),
+                );
+                tokio::task::spawn_blocking(move || {
+                    run_worker(h, s, r, format!("Worker-{pid}-{i}"), st, options)
+                })
+            })
+            .collect();
+        println!(
+            "agl runner {pid}: {} workers serving {}",
+            args.workers, args.store_url
+        );
+        wait_for_stop().await;
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let mut done = 0u64;
+        for w in workers {
+            match w.await {
+                Ok(Ok(n)) => done += n,
+                Ok(Err(e)) => eprintln!("agl runner {pid}: a worker stopped: {e}"),
+                Err(e) => eprintln!("agl runner {pid}: a worker panicked: {e}"),
+            }
+        }
+        done
+    });
+    if let Some(r) = &recorder {
+        r.flush()?;
+    }
+    eprintln!("agl runner {pid}: stopped after {done} rollouts");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(unix)]
+async fn wait_for_stop() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_stop() {
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,286 @@
+//! Running `agl store`: configuration, the listener, bearer-token auth, CORS, the request body
+//! limit, structured request logs, and graceful shutdown that finishes in-flight requests and
+//! then closes (flushes) the store.
+//!
+//! Responsible for everything around the router of [`crate::app`]. Not responsible for the
+//! endpoints themselves.
+//!
+//! * **Auth** (off by default, as in v0.3.0): with a token set, every request except
+//!   `GET /v1/agl/health` and CORS preflights must carry `Authorization: Bearer <token>` (or
+//!   `x-api-key: <token>`, as Agent Lightning v1.0's gateway accepts); otherwise 401
+//!   `unauthorized`. Tokens are compared in constant time.
+//! * **CORS** (off unless origins are given, as `--cors-origin` in v0.3.0): methods and
+//!   headers mirror the request and credentials are allowed, except that a wildcard `*` origin
+//!   is served *without* credentials (deviation Q31: upstream combined both).
+//! * **Body limit**: requests above `body_limit_bytes` (default 16 MiB; for gzip OTLP bodies
+//!   also after decompression) get 413 `payload_too_large`.
+//! * **Shutdown**: [`RunningServer::shutdown`] (and SIGTERM/SIGINT in [`serve_until_signal`])
+//!   stops accepting connections, lets in-flight requests finish (long waits return their
+//!   current answer at once), then calls [`LightningStore::close`], which for SQLite commits
+//!   every acknowledged write and checkpoints the WAL.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agl_store::LightningStore;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::sync::watch;
+use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, CorsLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::app::{AppState, router};
+use crate::error::{ApiError, ErrorCode, ServerError};
+use crate::metrics::ServerMetrics;
+
+/// Default port of `agl store` (v0.3.0's).
+pub const DEFAULT_PORT: u16 = 4747;
+
+/// How to run the server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Bind address (default `127.0.0.1`; v0.3.0 binds `0.0.0.0`, we do not expose the store
+    /// to the network unless asked).
+    pub host: String,
+    /// Port (default 4747; 0 picks a free port).
+    pub port: u16,
+    /// Bearer token required on every endpoint but health (`None` = no auth).
+    pub auth_token: Option<String>,
+    /// Largest request body, bytes (default 16 MiB).
+    pub body_limit_bytes: usize,
+    /// CORS origins (`*` = any, without credentials); empty = CORS off.
+    pub cors_origins: Vec<String>,
+    /// Longest single `POST /waits/rollouts`, seconds (default 25, under the Python client's
+    /// 30 s request timeout).
+    pub max_wait_seconds: f64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: DEFAULT_PORT,
+            auth_token: None,
+            body_limit_bytes: 16 * 1024 * 1024,
+            cors_origins: Vec::new(),
+            max_wait_seconds: 25.0,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks the values; the error names the setting.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        if self
+            .auth_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(ServerError::Config(
+                "the auth token is empty; unset it to disable auth".into(),
+            ));
+        }
+        if self.body_limit_bytes < 1024 {
+            return Err(ServerError::Config(format!(
+                "body limit {} bytes is below 1024",
+                self.body_limit_bytes
+            )));
+        }
+        if !(self.max_wait_seconds.is_finite() && self.max_wait_seconds > 0.0) {
+            return Err(ServerError::Config(format!(
+                "max wait {} s must be a positive number of seconds",
+                self.max_wait_seconds
+            )));
+        }
+        for o in &self.cors_origins {
+            if o != "*" && HeaderValue::from_str(o).is_err() {
+                return Err(ServerError::Config(format!(
+                    "CORS origin `{o}` is not a valid header value"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_token(State(token): State<Arc<str>>, req: Request, next: Next) -> Response {
+    if req.method() == Method::OPTIONS || req.uri().path() == "/v1/agl/health" {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    match given {
+        Some(t) if constant_time_eq(t.trim().as_bytes(), token.as_bytes()) => next.run(req).await,
+        Some(_) => ApiError::new(ErrorCode::Unauthorized, "the bearer token is wrong").into_response(),
+        None => ApiError::new(
+            ErrorCode::Unauthorized,
+            "this store requires `Authorization: Bearer <token>` (see --auth-token / AGL_STORE_TOKEN)",
+        )
+        .into_response(),
+    }
+}
+
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let base = CorsLayer::new()
+        .allow_methods(AllowMethods::mirror_request())
+        .allow_headers(AllowHeaders::mirror_request());
+    if origins.iter().any(|o| o == "*") {
+        return Some(base.allow_origin(AllowOrigin::any()));
+    }
+    let list: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    Some(base.allow_origin(list).allow_credentials(true))
+}
+
+/// The full application (router plus auth, CORS, body limit, logs) over `store`, without a
+/// listener: use it with `tower::ServiceExt::oneshot` in tests.
+pub fn build_app(
+    store: Arc<dyn LightningStore>,
+    config: &ServerConfig,
+    shutting_down: watch::Receiver<bool>,
+) -> Result<Router, ServerError> {
+    config.validate()?;
+    let state = AppState {
+        store,
+        metrics: ServerMetrics::new(),
+        max_wait: Duration::from_secs_f64(config.max_wait_seconds),
+        body_limit_bytes: config.body_limit_bytes,
+        shutting_down,
+    };
+    let mut app = router(state).layer(DefaultBodyLimit::max(config.body_limit_bytes));
+    if let Some(token) = &config.auth_token {
+        let token: Arc<str> = Arc::from(token.trim());
+        app = app.layer(axum::middleware::from_fn_with_state(token, require_token));
+    }
+    if let Some(c) = cors(&config.cors_origins) {
+        app = app.layer(c);
+    }
+    Ok(app.layer(TraceLayer::new_for_http()))
+}
+
+/// A server running on a tokio task.
+pub struct RunningServer {
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    store: Arc<dyn LightningStore>,
+}
+
+impl std::fmt::Debug for RunningServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+/// Binds `config.host:config.port` and serves `store` until [`RunningServer::shutdown`].
+pub async fn start(
+    store: Arc<dyn LightningStore>,
+    config: ServerConfig,
+) -> Result<RunningServer, ServerError> {
+    let (tx, rx) = watch::channel(false);
+    let app = build_app(store.clone(), &config, rx.clone())?;
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(ServerError::Serve)?;
+    let mut rx = rx;
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|down| *down).await;
+            })
+            .await
+    });
+    tracing::info!(%local, "agl store listening");
+    Ok(RunningServer {
+        addr: local,
+        shutdown: tx,
+        task,
+        store,
+    })
+}
+
+impl RunningServer {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>` (the base URL for [`crate::StoreClient`]).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting connections, waits for in-flight requests, then closes the store.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        let _ = self.shutdown.send(true);
+        let served = self
+            .task
+            .await
+            .map_err(|e| ServerError::Serve(std::io::Error::other(e.to_string())))?;
+        let closed = self.store.close().await;
+        served.map_err(ServerError::Serve)?;
+        closed.map_err(ServerError::Store)
+    }
+}
+
+/// Serves until SIGTERM or SIGINT (Ctrl-C), then shuts down gracefully; `on_ready` gets the
+/// bound address once listening.
+pub async fn serve_until_signal(
+    store: Arc<dyn LightningStore>,
+    config: ServerConfig,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    let server = start(store, config).await?;
+    on_ready(server.addr());
+    wait_for_signal().await;
+    tracing::info!("shutting down: finishing in-flight requests and closing the store");
+    server.shutdown().await
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() {
+    let _ = tokio::signal::ctrl_c().await;
+}
