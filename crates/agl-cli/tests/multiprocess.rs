@@ -271,3 +271,63 @@ fn runner_without_a_server_fails_with_one_line() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_server_gracefully_and_keeps_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("store.sqlite");
+    let mut child = agl()
+        .args(["store", "--port", "0", "--db"])
+        .arg(&db)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("SQLite"), "{line}");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    let client = StoreClient::new(&url).unwrap();
+    let requests = (0..50)
+        .map(|i| agl_core::EnqueueRolloutRequest::new(serde_json::json!(i)))
+        .collect();
+    client.enqueue_many(requests).await.unwrap();
+    signal(&child, Signal::SIGTERM);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("agl store stopped"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = agl_store::SqliteLightningStore::open(&db).unwrap();
+    let page = store.query_rollouts(RolloutQuery::all()).await.unwrap();
+    assert_eq!(page.total, 50);
+    store.close().await.unwrap();
+}
+
+#[test]
+fn store_refuses_a_foreign_db_file_with_one_line_and_leaves_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("notes.txt");
+    std::fs::write(&db, b"not a database at all, just some text").unwrap();
+    let o = agl()
+        .args(["store", "--port", "0", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("notes.txt"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        b"not a database at all, just some text"
+    );
+}
