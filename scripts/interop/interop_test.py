@@ -36,7 +36,12 @@ import traceback
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, TypeVar
 
 import aiohttp
+import opentelemetry.trace as otel_trace
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 from agentlightning import LitAgent, LitAgentRunner, OtelTracer
 from agentlightning.emitter import emit_message, emit_object, find_final_reward, get_reward_value, operation
@@ -755,6 +760,167 @@ async def s_statistics(ctx: Ctx) -> None:
     )
 
 
+async def s_otlp(ctx: Ctx) -> None:
+    """The OpenTelemetry SDK's own OTLP/HTTP exporter (protobuf, gzip) straight at /v1/traces, in
+    the LLM proxy's pattern: ids and one shared sequence id in the resource, several spans per
+    request, a span-level sequence id overriding the resource's."""
+    cl = ctx.client
+    ar = await step(cl.start_rollout(input="otlp", worker_id="w-otlp"), "start_rollout(otlp)")
+    rid, aid = ar.rollout_id, ar.attempt.attempt_id
+    resource = Resource.create(
+        {"agentlightning.rollout_id": rid, "agentlightning.attempt_id": aid, "agentlightning.span_sequence_id": "7", "service.name": "interop-otlp"}
+    )
+    tracer = TracerProvider(resource=resource).get_tracer("interop.otlp")
+    base = time.time_ns()
+    parent = tracer.start_span("proxy.request", start_time=base)
+    child = tracer.start_span(
+        "proxy.child",
+        context=otel_trace.set_span_in_context(parent),
+        attributes={"s": "x", "i": 3, "f": 2.5, "b": False, "ls": ["a", "b"], "li": [1, 2], "lf": [0.5, 1.5]},
+        links=[otel_trace.Link(parent.get_span_context(), {"lk": 1})],
+        start_time=base + 1_000_000,
+    )
+    child.add_event("evt", {"k": "v"}, timestamp=base + 2_000_000)
+    child.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, "boom"))
+    child.end(end_time=base + 3_000_000)
+    parent.end(end_time=base + 4_000_000)
+    override = tracer.start_span("proxy.override", attributes={"agentlightning.span_sequence_id": 12})
+    override.end()
+    exporter = OTLPSpanExporter(endpoint=ctx.url + "/v1/traces", compression=Compression.Gzip, timeout=20)
+    try:
+        result = await step(asyncio.to_thread(exporter.export, [parent, child, override]), "OTLP export (3 spans)")
+        C.eq(result, SpanExportResult.SUCCESS, "OTLP export accepted")
+        again = await step(asyncio.to_thread(exporter.export, [parent]), "OTLP export (duplicate)")
+        C.eq(again, SpanExportResult.SUCCESS, "a duplicate span is accepted (and dropped, Q11)")
+        lost = TracerProvider(resource=Resource.create({"service.name": "no-ids"})).get_tracer("x").start_span("no.ids")
+        lost.end()
+        skipped = await step(asyncio.to_thread(exporter.export, [lost]), "OTLP export (no ids)")
+        C.eq(skipped, SpanExportResult.SUCCESS, "a span without rollout/attempt ids is skipped, not an error")
+    finally:
+        exporter.shutdown()
+
+    page = await step(cl.query_spans(rid, "latest"), "query_spans(otlp)")
+    by_name = {sp.name: sp for sp in page.items}
+    C.eq(sorted(by_name), ["proxy.child", "proxy.override", "proxy.request"], "the three spans, once each")
+    C.eq(page.total, 3, "duplicate dropped")
+    C.eq([sp.sequence_id for sp in page.items], [7, 7, 12], "resource sequence id shared; span attribute overrides it")
+    C.eq(await step(cl.get_next_span_sequence_id(rid, aid), "next id after OTLP"), 13, "supplied ids raise the counter")
+    p, c = by_name["proxy.request"], by_name["proxy.child"]
+    pctx, cctx = parent.get_span_context(), child.get_span_context()
+    C.eq((p.trace_id, p.span_id, p.parent_id), (f"{pctx.trace_id:032x}", f"{pctx.span_id:016x}", None), "root ids as hex, no parent")
+    C.eq((c.trace_id, c.span_id, c.parent_id), (f"{cctx.trace_id:032x}", f"{cctx.span_id:016x}", f"{pctx.span_id:016x}"), "child ids and parent_id")
+    C.eq(c.attributes, {"s": "x", "i": 3, "f": 2.5, "b": False, "ls": ["a", "b"], "li": [1, 2], "lf": [0.5, 1.5]}, "attributes round trip")
+    C.ok(type(c.attributes["i"]) is int and type(c.attributes["f"]) is float and all(type(v) is int for v in c.attributes["li"]), "int stays int, double stays float", c.attributes)
+    C.eq((c.status.status_code, c.status.description), ("ERROR", "boom"), "status code and message")
+    def near(x: Optional[float], want_ns: int) -> bool:
+        return x is not None and abs(x - want_ns / 1e9) < 1e-6
+
+    C.ok(near(c.start_time, base + 1_000_000) and near(c.end_time, base + 3_000_000), "times: unix nanoseconds / 1e9", (c.start_time, c.end_time, base))
+    C.eq([(e.name, e.attributes) for e in c.events], [("evt", {"k": "v"})], "events")
+    C.ok(near(c.events[0].timestamp, base + 2_000_000), "event timestamp in seconds", c.events[0].timestamp)
+    C.eq(len(c.links), 1, "one link")
+    C.eq((c.links[0].context.trace_id, c.links[0].context.span_id, c.links[0].attributes), (f"{pctx.trace_id:032x}", f"{pctx.span_id:016x}", {"lk": 1}), "link context and attributes")
+    C.ok(c.context is not None and c.context.span_id == c.span_id and c.context.is_remote is False, "context", c.context)
+    C.eq(c.parent, None, "parent is null on OTLP spans")
+    C.eq(c.resource.attributes.get("agentlightning.span_sequence_id"), "7", "resource attributes kept")
+    C.eq(c.resource.attributes.get("service.name"), "interop-otlp", "resource service.name")
+    ro = await step(cl.get_rollout_by_id(rid), "rollout after OTLP")
+    C.ok(ro is not None and ro.status == "running", "OTLP spans promote the rollout to running", ro)
+    await step(cl.update_attempt(rid, aid, status="succeeded"), "update_attempt(otlp, succeeded)")
+
+
+async def s_wire(ctx: Ctx) -> None:
+    """Raw HTTP details the Python client does not look at but other clients (and v0.3.0's own
+    REST tests) do: success codes, validation codes and messages, defaults of empty bodies."""
+    st, body = await ctx.raw("POST", "/queues/rollouts/enqueue", {"rollouts": []})
+    C.eq((st, body), (201, []), "enqueue [] → 201 []")
+    st, _ = await ctx.raw("POST", "/queues/rollouts/enqueue", {})
+    C.eq(st, 422, "enqueue without rollouts → 422")
+    st, body = await ctx.raw("POST", "/queues/rollouts/dequeue")
+    C.eq((st, body), (200, []), "dequeue without a body, empty queue → 200 []")
+    st, body = await ctx.raw("POST", "/queues/rollouts/dequeue", {"limit": 0})
+    C.eq((st, body), (200, []), "dequeue limit 0 → []")
+    wire_resources = {
+        "main_llm": {"resource_type": "llm", "endpoint": "http://llm.invalid/v1", "model": "m-4"},
+        "p": {"resource_type": "prompt_template", "template": "t", "engine": "jinja"},
+    }
+    st, body = await ctx.raw("POST", "/resources/rs-wire", wire_resources)
+    C.ok(st == 200 and isinstance(body, dict) and body.get("version") == 1, "POST /resources/{id} (upsert) → 200", (st, body))
+    st, _ = await ctx.raw("POST", "/resources", {"p": {"resource_type": "nope", "template": "t"}})
+    C.eq(st, 422, "unknown resource_type → 422")
+    st, body = await ctx.raw("GET", "/resources/latest")
+    C.ok(st == 200 and isinstance(body, dict) and body.get("resources_id") == "rs-wire", "GET /resources/latest", (st, body))
+    st, body = await ctx.raw("POST", "/rollouts/search", {"limit": -2})
+    C.eq(st, 400, "limit -2 → 400")
+    C.ok("Limit must be greater than 0 or -1 for no limit" in str(body), "limit message", body)
+    st, body = await ctx.raw("POST", "/rollouts/search", {"offset": -1})
+    C.ok(st == 400 and "Offset must be greater than or equal to 0" in str(body), "offset -1 → 400 with message", (st, body))
+    st, body = await ctx.raw("POST", "/rollouts/search", {"sort_by": "attempt"})
+    C.ok(st == 400 and "Invalid sort_by: attempt, allowed fields are:" in str(body), "sort_by attempt → 400 with message", (st, body))
+    st, _ = await ctx.raw("POST", "/rollouts/search", {"sort_order": "up"})
+    C.eq(st, 422, "bad sort_order → 422")
+    st, _ = await ctx.raw("POST", "/rollouts/search", {"status_in": ["nope"]})
+    C.eq(st, 422, "bad status → 422")
+    # v0.3.0's request models ignore unknown keys (Pydantic's default); newer or older clients
+    # may send fields this version does not know.
+    rid1, aid1 = ctx.r["r1"].rollout_id, ctx.a["a1"].attempt_id
+    for path, payload in [
+        ("/rollouts/search", {"bogus": 1, "limit": 1}),
+        (f"/rollouts/{rid1}/attempts/search", {"bogus": 1, "limit": 1}),
+        ("/spans/search", {"rollout_id": rid1, "bogus": 1, "limit": 1}),
+        ("/workers/search", {"bogus": 1, "limit": 1}),
+        ("/resources", None),
+    ]:
+        if payload is None:
+            continue
+        st, body = await ctx.raw("POST", path, payload)
+        C.soft(st == 200 and isinstance(body, dict) and body.get("limit") == 1, f"POST {path}: unknown keys ignored", (st, body))
+    for path, payload in [
+        ("/queues/rollouts/dequeue", {"limit": 0, "bogus": 1}),
+        ("/spans/next", {"rollout_id": "ro-unknown00001", "attempt_id": "at-x", "bogus": 1}),
+        ("/waits/rollouts", {"rollout_ids": [], "timeout": 0, "bogus": 1}),
+        ("/queues/rollouts/enqueue", {"rollouts": [], "bogus": 1}),
+        (f"/rollouts/{rid1}/attempts/{aid1}", {"bogus": 1}),
+        ("/workers/w-a", {"bogus": 1}),
+    ]:
+        st, body = await ctx.raw("POST", path, payload)
+        C.soft(200 <= st < 300, f"POST {path}: unknown keys ignored", (st, body))
+    rid = ctx.r["r1"].rollout_id
+    st, body = await ctx.raw("GET", f"/rollouts?rollout_id_in={rid}&status_in=cancelled&status_in=failed&limit=5")
+    C.ok(st == 200 and isinstance(body, dict) and [x["rollout_id"] for x in body["items"]] == [rid] and body["limit"] == 5, "GET /rollouts with repeated query params", (st, body))
+    st, body = await ctx.raw("GET", f"/rollouts/{rid}/attempts")
+    C.ok(st == 200 and isinstance(body, dict) and body.get("total") == 1, "GET /rollouts/{id}/attempts", (st, body))
+    st, body = await ctx.raw("GET", f"/spans?rollout_id={rid}&name_contains=child")
+    C.ok(st == 200 and isinstance(body, dict) and body.get("total") == 2, "GET /spans with query params", (st, body))
+    st, _ = await ctx.raw("GET", "/spans")
+    C.eq(st, 422, "GET /spans without rollout_id → 422")
+    st, _ = await ctx.raw("POST", "/spans/next", {"rollout_id": rid})
+    C.eq(st, 422, "spans/next without attempt_id → 422")
+    st, body = await ctx.raw("GET", "/workers?status_in=idle&worker_id_contains=w-a")
+    C.ok(st == 200 and isinstance(body, dict) and [w["worker_id"] for w in body["items"]] == ["w-a"], "GET /workers", (st, body))
+    st, body = await ctx.raw("POST", "/workers/w-wire", {"heartbeat_stats": None})
+    C.eq(st, 400, "heartbeat_stats null → 400")
+    st, body = await ctx.raw("GET", "/workers/w-wire")
+    C.eq((st, body), (200, None), "a refused heartbeat creates no worker")
+    st, _ = await ctx.raw("POST", "/rollouts", {"input": 1, "config": {"max_attempts": 0}})
+    C.eq(st, 422, "max_attempts 0 → 422")
+    st, _ = await ctx.raw("POST", "/rollouts", {"mode": "train"})
+    C.eq(st, 422, "start_rollout without input → 422")
+    st, body = await ctx.raw("POST", f"/rollouts/{ctx.r['r5'].rollout_id}", {"input": None, "metadata": {"x": 1}})
+    C.ok(st == 200 and isinstance(body, dict) and body.get("input") is None and body.get("metadata") == {"x": 1}, "update_rollout input null sets null", (st, body))
+    assert ctx.http is not None
+    async with ctx.http.get(ctx.url + "/v1/agl/no/such/route") as resp:
+        C.eq(resp.status, 404, "unknown /v1 path → 404")
+    async with ctx.http.post(ctx.url + "/v1/logs", data=b"") as resp:
+        C.eq(resp.status, 501, "POST /v1/logs → 501")
+    async with ctx.http.post(ctx.url + "/v1/traces", data=b"\xff\xff\xff", headers={"Content-Type": "application/x-protobuf"}) as resp:
+        C.eq(resp.status, 400, "unparseable OTLP protobuf → 400")
+    async with ctx.http.post(ctx.url + "/v1/traces", data=b"", headers={"Content-Type": "application/x-protobuf"}) as resp:
+        C.eq(resp.status, 200, "empty OTLP body → 200")
+    async with ctx.http.post(ctx.url + "/v1/traces", data=b"<x/>", headers={"Content-Type": "text/xml"}) as resp:
+        C.eq(resp.status, 400, "OTLP with an unsupported content type → 400")
+
+
 class InteropAgent(LitAgent[Dict[str, Any]]):
     """Emits an operation span with a message and an object inside, and returns a float reward."""
 
@@ -878,6 +1044,8 @@ SECTIONS: List[tuple[str, Callable[[Ctx], Awaitable[None]]]] = [
     ("wait_for_rollouts", s_wait),
     ("workers", s_workers),
     ("statistics", s_statistics),
+    ("otlp exporter", s_otlp),
+    ("wire", s_wire),
     ("runner", s_runner),
 ]
 

@@ -342,13 +342,15 @@ async fn update_rollout(
 ) -> ApiResult<Response> {
     let map: Map<String, Value> = parse_optional(&body_bytes(body)?)?;
     let update = wire::rollout_update_from_json(map)?;
+    let finishing = update.status.is_some_and(|st| st.is_finished());
     let r = call(
         &s,
         "update_rollout",
         s.store.update_rollout(&rollout_id, update),
     )
     .await?;
-    if r.status.is_finished()
+    if finishing
+        && r.status.is_finished()
         && let Some(end) = r.end_time
     {
         s.metrics.rollout_finished(
