@@ -27,6 +27,11 @@ pub enum BenchCommand {
     /// spans → finish) with 1, 8 and 64 concurrent workers, and span queries among 1M spans,
     /// on the memory and SQLite backends, with p99 latency per operation.
     Store(crate::store_bench::StoreBenchArgs),
+    /// HTTP server throughput: the runner's rollout cycle over HTTP (enqueue → dequeue →
+    /// spans/next → REST and OTLP spans → finish → span query) against an in-process
+    /// `agl store` (memory, SQLite) or `--url`, with 1, 8 and 64 concurrent clients and p50/p99
+    /// latency per endpoint.
+    Server(crate::server_bench::ServerBenchArgs),
 }
 
 /// Arguments of `agl bench governance`.
@@ -62,6 +67,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Governance(args) => governance(args),
         BenchCommand::Store(args) => crate::store_bench::run(&args),
+        BenchCommand::Server(args) => crate::server_bench::run(&args),
     }
 }
 

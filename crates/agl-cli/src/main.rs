@@ -6,6 +6,7 @@ mod bench_cmd;
 mod plot;
 mod policy_cmd;
 mod runner_cmd;
+mod server_bench;
 mod store_bench;
 mod store_cmd;
 mod train_cmd;

@@ -319,6 +319,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     anyhow::ensure!(
+        args.store_url.is_none() || args.store == "memory",
+        "--store {} and --store-url {} both name a store; the server owns its backend (`agl \
+         store --db PATH`), so pass only --store-url",
+        args.store,
+        args.store_url.as_deref().unwrap_or_default()
+    );
+    anyhow::ensure!(
         args.unresponsive_seconds.is_finite() && args.unresponsive_seconds > 0.0,
         "--unresponsive-seconds must be a positive number of seconds"
     );
@@ -536,6 +543,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 .display(),
             r.entries(),
             r.head_hash()
+        );
+    }
+    if let (Some(p), true) = (&args.audit_log, args.runner_processes > 0) {
+        let files: Vec<String> = (0..args.runner_processes)
+            .map(|k| runner_audit_log(p, k).display().to_string())
+            .collect();
+        println!(
+            "runner audit logs (one per runner process): {}",
+            files.join(", ")
         );
     }
     if let Some(path) = &args.plot {

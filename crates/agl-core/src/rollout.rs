@@ -176,7 +176,7 @@ wire_enum! {
 /// "max_attempts": int >= 1, "retry_condition": [AttemptStatus]}`; every key is optional on
 /// input and defaults to `null`, `null`, `1`, `[]`. `max_attempts = 0` is rejected.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RolloutConfig {
     /// Seconds from the attempt's `start_time` after which the watchdog marks it `timeout`.
     pub timeout_seconds: Option<f64>,
@@ -386,6 +386,7 @@ pub struct Attempt {
 /// Body of one rollout to enqueue (§3.5): `{input (required key), mode, resources_id, config,
 /// metadata}`; every field except `input` defaults to `null`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnqueueRolloutRequest {
     /// The task input (required key; may be `null`).
     #[serde(deserialize_with = "required_value")]

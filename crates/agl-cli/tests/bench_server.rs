@@ -1,0 +1,234 @@
+//! `agl bench server` end to end: the JSON report has one row per backend and client count,
+//! every cycle completed, and every endpoint of the cycle was called as often as the cycle
+//! says; `--rest-batch` and `--url` change what is sent and where; bad input is one line.
+//! No timing assertions.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn agl() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agl"));
+    c.env_remove("AGL_DATA")
+        .env_remove("AGL_STORE_TOKEN")
+        .env_remove("AGL_AUDIT_KEY_FILE");
+    c
+}
+
+fn bench(args: &[&str]) -> Output {
+    agl()
+        .args(["bench", "server"])
+        .args(args)
+        .output()
+        .expect("run agl bench server")
+}
+
+fn json_report(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "agl bench server failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+/// `endpoint name → calls` of one row.
+fn calls(row: &Value) -> Vec<(String, u64)> {
+    row["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            for key in ["request", "mean_us", "p50_us", "p99_us"] {
+                assert!(e.get(key).is_some(), "endpoint entry lacks `{key}`: {e}");
+            }
+            assert!(e["p50_us"].as_f64().unwrap() <= e["p99_us"].as_f64().unwrap());
+            (
+                e["endpoint"].as_str().unwrap().to_string(),
+                e["calls"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn owned(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+    v.iter().map(|(n, c)| (n.to_string(), *c)).collect()
+}
+
+#[test]
+fn both_backends_complete_every_cycle_and_report_each_endpoint() {
+    let o = bench(&[
+        "--rollouts",
+        "200",
+        "--clients",
+        "2",
+        "--backend",
+        "both",
+        "--json",
+    ]);
+    let report = json_report(&o);
+    let command = report["command"].as_str().unwrap();
+    assert!(command.starts_with("agl bench server"), "{command}");
+    for part in [
+        "--backend both",
+        "--clients 2",
+        "--rollouts 200",
+        "--spans 10",
+    ] {
+        assert!(command.contains(part), "{command} lacks {part}");
+    }
+    assert_eq!(report["otlp_spans_per_rollout"], 5);
+    assert_eq!(report["rest_spans_per_rollout"], 5);
+    assert_eq!(report["rest_batch"], false);
+    let rows = report["rows"].as_array().unwrap();
+    let backends: Vec<&str> = rows
+        .iter()
+        .map(|r| r["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(backends, ["memory", "sqlite"]);
+    let expected = owned(&[
+        ("enqueue", 200),
+        ("dequeue", 200),
+        ("spans_next", 200),
+        ("add_span", 1000),
+        ("otlp_traces", 200),
+        ("finish", 200),
+        ("query_spans", 200),
+    ]);
+    for row in rows {
+        assert_eq!(row["clients"], 2);
+        assert_eq!(row["rollouts"], 200, "{row}");
+        assert_eq!(row["spans_per_rollout"], 10);
+        assert_eq!(row["requests"], 2200, "11 requests per cycle: {row}");
+        assert_eq!(calls(row), expected, "{row}");
+        for key in [
+            "seconds",
+            "rollouts_per_second",
+            "spans_per_second",
+            "requests_per_second",
+        ] {
+            assert!(row[key].as_f64().unwrap() > 0.0, "{key} in {row}");
+        }
+    }
+}
+
+#[test]
+fn rest_batch_sends_one_batch_per_rollout_and_odd_spans_split() {
+    let o = bench(&[
+        "--backend",
+        "memory",
+        "--rollouts",
+        "30",
+        "--clients",
+        "3,1",
+        "--spans",
+        "7",
+        "--rest-batch",
+        "--json",
+    ]);
+    let report = json_report(&o);
+    assert!(report["command"].as_str().unwrap().contains("--rest-batch"));
+    assert_eq!(report["otlp_spans_per_rollout"], 3);
+    assert_eq!(report["rest_spans_per_rollout"], 4);
+    let rows = report["rows"].as_array().unwrap();
+    let clients: Vec<u64> = rows
+        .iter()
+        .map(|r| r["clients"].as_u64().unwrap())
+        .collect();
+    assert_eq!(clients, [3, 1]);
+    for row in rows {
+        assert_eq!(row["rollouts"], 30);
+        assert_eq!(
+            calls(row),
+            owned(&[
+                ("enqueue", 30),
+                ("dequeue", 30),
+                ("spans_next", 30),
+                ("add_spans_batch", 30),
+                ("otlp_traces", 30),
+                ("finish", 30),
+                ("query_spans", 30),
+            ])
+        );
+    }
+}
+
+/// Kills the server when dropped (the test must not leak it).
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn url_mode_drives_a_running_agl_store() {
+    let mut child = agl()
+        .args(["store", "--port", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let server = Reaper(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_string();
+    let o = bench(&[
+        "--url",
+        &url,
+        "--rollouts",
+        "40",
+        "--clients",
+        "4",
+        "--json",
+    ]);
+    drop(server);
+    let report = json_report(&o);
+    assert!(report["command"].as_str().unwrap().contains(&url));
+    assert_eq!(report["server_worker_threads"], Value::Null);
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["backend"], "url");
+    assert_eq!(rows[0]["rollouts"], 40);
+}
+
+#[test]
+fn unreachable_url_and_zero_clients_are_one_line_errors() {
+    for (args, needle) in [
+        (
+            vec![
+                "--url",
+                "http://127.0.0.1:9",
+                "--rollouts",
+                "5",
+                "--clients",
+                "1",
+                "--json",
+            ],
+            "127.0.0.1:9",
+        ),
+        (vec!["--clients", "0", "--rollouts", "5"], "--clients"),
+    ] {
+        let o = bench(&args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: expected one line, got: {err}");
+        assert!(lines[0].contains(needle), "{err:?} should mention {needle}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
