@@ -68,9 +68,12 @@ struct ResourceRunners {
     recorder: Option<Arc<FlightRecorder>>,
     dataset: Mutex<Option<Arc<SpiderDataset>>>,
     tasks: Mutex<HashMap<String, Arc<SpiderTask>>>,
-    /// (train runner, eval runner) per spec JSON.
-    runners: Mutex<HashMap<String, (Arc<SpiderRunner>, Arc<SpiderRunner>)>>,
+    /// Runners per spec JSON.
+    runners: Mutex<HashMap<String, RunnerPair>>,
 }
+
+/// The runner of a spec's `train` rollouts and the (enforcing) runner of the others.
+type RunnerPair = (Arc<SpiderRunner>, Arc<SpiderRunner>);
 
 fn runner_error(rollout: &AttemptedRollout, message: String) -> TrainError {
     TrainError::Rollout {

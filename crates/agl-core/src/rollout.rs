@@ -466,6 +466,12 @@ impl Worker {
     }
 }
 
+/// Deserializes a JSON value whose key must be present (it may be `null`): without
+/// `deserialize_with`, serde would turn a missing `input` key into `null` silently.
+fn required_value<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+    Value::deserialize(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,10 +572,4 @@ mod tests {
             "attempt":{"rollout_id":"ro-b","attempt_id":"at-1","sequence_id":1,"start_time":1.0}});
         assert!(serde_json::from_value::<AnyRollout>(mismatched).is_err());
     }
-}
-
-/// Deserializes a JSON value whose key must be present (it may be `null`): without
-/// `deserialize_with`, serde would turn a missing `input` key into `null` silently.
-fn required_value<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
-    Value::deserialize(d)
 }
