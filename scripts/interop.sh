@@ -81,10 +81,10 @@ trap 'exit 130' INT TERM
     echo "interop.sh: $PYTHON is older than 3.10 (agentlightning 0.3.0 needs 3.10+)" >&2
     exit 1
 }
-WANT_MARKER="$(
-    "$PYTHON" -c 'import sys; print(sys.version.split()[0])'
-    sha256sum "$REQS" | cut -d' ' -f1
-)"
+# The marker: the interpreter's version and the hash of the pinned requirements.
+WANT_MARKER="$("$PYTHON" -c 'import hashlib, sys
+print(sys.version.split()[0])
+print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$REQS")"
 if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT_MARKER" ] && [ -x "$VENV/bin/python" ]; then
     echo "interop.sh: reusing the virtual environment $VENV" >&2
 else
@@ -169,7 +169,8 @@ run_target() {
     esac
     local state=()
     if [ "$name" = sqlite ]; then state=(--state-out "$WORK/state.json"); fi
-    run "$PY" "$TEST" --url "$URL" --server "$kind" "${slow[@]}" "${state[@]}" || status=1
+    # ${a[@]+"${a[@]}"}: empty arrays under `set -u` on bash < 4.4 too.
+    run "$PY" "$TEST" --url "$URL" --server "$kind" ${slow[@]+"${slow[@]}"} ${state[@]+"${state[@]}"} || status=1
     stop_server
     if [ "$name" = sqlite ] && [ -f "$WORK/state.json" ]; then
         port="$(free_port)"

@@ -346,12 +346,22 @@ pub fn run_worker(
     let mut executor: Option<(std::path::PathBuf, Executor)> = None;
     let mut done = 0u64;
     let mut idle = Duration::from_millis(1);
+    let mut failures = StoreFailures::default();
     while !stop.load(Ordering::Acquire) {
-        let Some(attempted) = handle.block_on(store.dequeue_rollout(Some(&worker_id)))? else {
+        let dequeued = match handle.block_on(store.dequeue_rollout(Some(&worker_id))) {
+            Ok(d) => d,
+            Err(e) => {
+                failures.record(&worker_id, "dequeue_rollout", e)?;
+                continue;
+            }
+        };
+        let Some(attempted) = dequeued else {
+            failures.reset();
             std::thread::sleep(idle);
             idle = (idle * 2).min(options.max_idle.max(Duration::from_millis(1)));
             continue;
         };
+        failures.reset();
         idle = Duration::from_millis(1);
         let rid = attempted.rollout.rollout_id.clone();
         let aid = attempted.attempt.attempt_id.clone();
@@ -387,10 +397,52 @@ pub fn run_worker(
                 ..AttemptUpdate::default()
             },
         };
-        handle.block_on(store.update_attempt(&rid, &aid, status))?;
-        done += 1;
+        // If the report cannot be delivered, the store's watchdog times the attempt out (or
+        // finds it unresponsive) and retries the rollout as its config says.
+        match handle.block_on(store.update_attempt(&rid, &aid, status)) {
+            Ok(_) => done += 1,
+            Err(e) => failures.record(&worker_id, "update_attempt", e)?,
+        }
     }
     Ok(done)
+}
+
+/// Consecutive store failures of one worker. A remote store may be briefly unreachable (a
+/// restart, a network blip): the worker logs, backs off (doubling up to 1 s) and goes on; after
+/// [`StoreFailures::LIMIT`] failures in a row (about 30 s) it gives up with the last error. A
+/// closed store stops the worker at once.
+#[derive(Default)]
+struct StoreFailures {
+    in_a_row: u32,
+}
+
+impl StoreFailures {
+    const LIMIT: u32 = 40;
+
+    fn record(
+        &mut self,
+        worker_id: &str,
+        what: &str,
+        error: agl_store::StoreError,
+    ) -> Result<(), TrainError> {
+        self.in_a_row += 1;
+        if matches!(error, agl_store::StoreError::Closed) || self.in_a_row >= Self::LIMIT {
+            return Err(error.into());
+        }
+        tracing::warn!(
+            worker = worker_id,
+            failures = self.in_a_row,
+            "store call `{what}` failed: {error}"
+        );
+        let backoff =
+            Duration::from_millis(25u64 << self.in_a_row.min(6)).min(Duration::from_secs(1));
+        std::thread::sleep(backoff);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.in_a_row = 0;
+    }
 }
 
 fn process(
