@@ -105,7 +105,55 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
 }
 
 /// Parses a JSON body into `T`; the error names the JSON path of the offending field.
+///
+/// Python's `json.dumps` (and so the Python client) writes non-finite floats as the bare
+/// tokens `NaN`, `Infinity` and `-Infinity`, which JSON does not have; like v0.3.0, such a
+/// body is accepted and those values become `null`.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    match parse_strict(bytes) {
+        Err(e) if e.code == ErrorCode::MalformedJson => match non_finite_as_null(bytes) {
+            Some(cleaned) => parse_strict(&cleaned),
+            None => Err(e),
+        },
+        other => other,
+    }
+}
+
+/// `bytes` with every `NaN`, `Infinity` and `-Infinity` token outside strings replaced by
+/// `null`, or `None` when there is none.
+fn non_finite_as_null(bytes: &[u8]) -> Option<Vec<u8>> {
+    const TOKENS: [&[u8]; 3] = [b"-Infinity", b"Infinity", b"NaN"];
+    let mut out = Vec::with_capacity(bytes.len());
+    let (mut in_string, mut escaped, mut replaced) = (false, false, false);
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            out.push(b);
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+        } else if let Some(t) = TOKENS.iter().find(|t| bytes[i..].starts_with(t)) {
+            out.extend_from_slice(b"null");
+            i += t.len();
+            replaced = true;
+            continue;
+        }
+        out.push(b);
+        i += 1;
+    }
+    replaced.then_some(out)
+}
+
+fn parse_strict<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(de) {
         Ok(v) => Ok(v),
@@ -715,5 +763,22 @@ async fn otlp_traces(
             (StatusCode::OK, [(header::CONTENT_TYPE, ct)], bytes).into_response()
         }
         Err(e) => fail(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_non_finite_floats_become_null_but_strings_are_untouched() {
+        let body = br#"{"input": {"x": NaN, "y": [Infinity, -Infinity], "s": "NaN \" Infinity"}}"#;
+        let v: Value = parse_json(body).unwrap();
+        assert_eq!(
+            v,
+            json!({"input": {"x": null, "y": [null, null], "s": "NaN \" Infinity"}})
+        );
+        let e = parse_json::<Value>(b"{\"x\": Nope}").unwrap_err();
+        assert_eq!(e.code, ErrorCode::MalformedJson);
     }
 }

@@ -175,7 +175,8 @@ pub fn build_app(
     if let Some(c) = cors(&config.cors_origins) {
         app = app.layer(c);
     }
-    Ok(app.layer(TraceLayer::new_for_http()))
+    // Failures are logged once, by `ApiError` (5xx only); a deliberate 501 is not an error.
+    Ok(app.layer(TraceLayer::new_for_http().on_failure(())))
 }
 
 /// A server running on a tokio task.
