@@ -583,6 +583,22 @@ pub async fn ingest(
         messages: converted.rejected,
         ..IngestReport::default()
     };
+    // Fresh sequence ids: one block per rollout (one store operation), handed out in span
+    // order, so ids still follow the order of the spans in the request (§6.2).
+    let mut wanted: Vec<(String, String, u32)> = Vec::new();
+    for c in converted.spans.iter().filter(|c| c.sequence_id.is_none()) {
+        match wanted.iter_mut().find(|(r, _, _)| *r == c.span.rollout_id) {
+            Some(w) => w.2 = w.2.saturating_add(1),
+            None => wanted.push((c.span.rollout_id.clone(), c.span.attempt_id.clone(), 1)),
+        }
+    }
+    let mut next: HashMap<String, i64> = HashMap::with_capacity(wanted.len());
+    for (rollout_id, attempt_id, count) in wanted {
+        let first = store
+            .get_next_span_sequence_ids(&rollout_id, &attempt_id, count)
+            .await?;
+        next.insert(rollout_id, first);
+    }
     let mut groups: Vec<(String, String, Vec<Span>)> = Vec::new();
     let mut index: HashMap<(String, String), usize> = HashMap::new();
     for ConvertedSpan {
@@ -593,9 +609,12 @@ pub async fn ingest(
         span.sequence_id = match sequence_id {
             Some(id) => id,
             None => {
-                store
-                    .get_next_span_sequence_id(&span.rollout_id, &span.attempt_id)
-                    .await?
+                let slot = next.get_mut(&span.rollout_id).ok_or_else(|| {
+                    StoreError::Backend("sequence id block missing for a rollout".into())
+                })?;
+                let id = *slot;
+                *slot = slot.saturating_add(1);
+                id
             }
         };
         let key = (span.rollout_id.clone(), span.attempt_id.clone());

@@ -128,6 +128,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
         Box::pin(duplicate_spans_dropped(s))
     }),
     ("sequence_ids", |s| Box::pin(sequence_ids(s))),
+    ("sequence_id_blocks", |s| Box::pin(sequence_id_blocks(s))),
     ("span_for_unknown_target", |s| {
         Box::pin(span_for_unknown_target(s))
     }),
@@ -667,6 +668,76 @@ pub async fn sequence_ids(store: &dyn LightningStore) -> CaseResult {
             .ctx("seq")?,
         6,
         "counter raised even though the span was refused"
+    );
+    Ok(())
+}
+
+/// Blocks of sequence ids continue the per-rollout counter, and later single ids and
+/// client-supplied ids continue after the block; a block of zero is refused.
+pub async fn sequence_id_blocks(store: &dyn LightningStore) -> CaseResult {
+    let s = store
+        .start_rollout(EnqueueRolloutRequest::new(json!(1)), None)
+        .await
+        .ctx("start")?;
+    let (rid, aid) = (s.rollout.rollout_id, s.attempt.attempt_id);
+    ensure_eq!(
+        store
+            .get_next_span_sequence_id(&rid, &aid)
+            .await
+            .ctx("seq")?,
+        1,
+        "first single id"
+    );
+    ensure_eq!(
+        store
+            .get_next_span_sequence_ids(&rid, &aid, 3)
+            .await
+            .ctx("block")?,
+        2,
+        "a block of 3 starts after the single id"
+    );
+    ensure_eq!(
+        store
+            .get_next_span_sequence_id(&rid, &aid)
+            .await
+            .ctx("seq")?,
+        5,
+        "the block consumed 2, 3 and 4"
+    );
+    store
+        .add_span(plain_span(&rid, &aid, 20, "client-numbered"))
+        .await
+        .ctx("add")?;
+    ensure_eq!(
+        store
+            .get_next_span_sequence_ids(&rid, &aid, 2)
+            .await
+            .ctx("block")?,
+        21,
+        "a block after a supplied id"
+    );
+    ensure_eq!(
+        store
+            .get_next_span_sequence_ids("ro-unknown", "at-x", 4)
+            .await
+            .ctx("block")?,
+        1,
+        "unknown rollouts get blocks too (Q10)"
+    );
+    ensure!(
+        matches!(
+            store.get_next_span_sequence_ids(&rid, &aid, 0).await,
+            Err(StoreError::Invalid(_))
+        ),
+        "a block of 0 is refused"
+    );
+    ensure_eq!(
+        store
+            .get_next_span_sequence_id(&rid, &aid)
+            .await
+            .ctx("seq")?,
+        23,
+        "the refused block consumed nothing"
     );
     Ok(())
 }

@@ -442,6 +442,15 @@ pub fn issue_sequence_id(counter: &mut i64) -> i64 {
     *counter
 }
 
+/// Issues `count` consecutive ids from a per-rollout counter at once and returns the first
+/// (`count` ≥ 1; the ids are `first .. first + count`). Same result as `count` calls of
+/// [`issue_sequence_id`].
+pub fn issue_sequence_ids(counter: &mut i64, count: u32) -> i64 {
+    let first = counter.saturating_add(1);
+    *counter = counter.saturating_add(i64::from(count.max(1)));
+    first
+}
+
 /// Raises a per-rollout counter to a client-supplied sequence id (`max(counter, supplied)`).
 /// Backends call this **before** the existence and duplicate checks of the span.
 pub fn observe_sequence_id(counter: &mut i64, supplied: i64) {

@@ -580,6 +580,24 @@ impl LightningStore for InMemoryLightningStore {
         ))
     }
 
+    async fn get_next_span_sequence_ids(
+        &self,
+        rollout_id: &str,
+        _attempt_id: &str,
+        count: u32,
+    ) -> Result<i64, StoreError> {
+        if count == 0 {
+            return Err(StoreError::Invalid(
+                "count of sequence ids must be at least 1".into(),
+            ));
+        }
+        let mut state = self.lock();
+        Ok(lifecycle::issue_sequence_ids(
+            state.sequence_counter(rollout_id),
+            count,
+        ))
+    }
+
     async fn add_span(&self, span: Span) -> Result<Option<Span>, StoreError> {
         let now = now_seconds();
         let mut state = self.lock();
@@ -810,6 +828,7 @@ mod tests {
         wait_resolves_watchdog_timeouts,
         duplicate_spans_dropped,
         sequence_ids,
+        sequence_id_blocks,
         span_for_unknown_target,
         resources_versions_and_latest,
         wait_wakes_when_finished,

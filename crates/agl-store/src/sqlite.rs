@@ -414,6 +414,25 @@ impl LightningStore for SqliteLightningStore {
             .await
     }
 
+    async fn get_next_span_sequence_ids(
+        &self,
+        rollout_id: &str,
+        _attempt_id: &str,
+        count: u32,
+    ) -> Result<i64, StoreError> {
+        if count == 0 {
+            return Err(StoreError::Invalid(
+                "count of sequence ids must be at least 1".into(),
+            ));
+        }
+        let rollout_id = rollout_id.to_string();
+        self.inner
+            .call(false, move |ctx, _| {
+                ctx.next_sequence_ids(&rollout_id, count)
+            })
+            .await
+    }
+
     async fn add_span(&self, span: Span) -> Result<Option<Span>, StoreError> {
         Ok(self.add_spans(vec![span]).await?.into_iter().next())
     }

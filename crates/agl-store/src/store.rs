@@ -190,6 +190,31 @@ pub trait LightningStore: Send + Sync {
         attempt_id: &str,
     ) -> Result<i64, StoreError>;
 
+    /// Issues `count` consecutive sequence ids of the rollout in one operation and returns the
+    /// first (the block is `first .. first + count`); what OTLP ingest uses for the spans of a
+    /// request that carry no id. `count == 0` is [`StoreError::Invalid`]. The default issues
+    /// them one by one (not atomic: concurrent callers may interleave).
+    async fn get_next_span_sequence_ids(
+        &self,
+        rollout_id: &str,
+        attempt_id: &str,
+        count: u32,
+    ) -> Result<i64, StoreError> {
+        if count == 0 {
+            return Err(StoreError::Invalid(
+                "count of sequence ids must be at least 1".into(),
+            ));
+        }
+        let first = self
+            .get_next_span_sequence_id(rollout_id, attempt_id)
+            .await?;
+        for _ in 1..count {
+            self.get_next_span_sequence_id(rollout_id, attempt_id)
+                .await?;
+        }
+        Ok(first)
+    }
+
     /// Stores a span; `Ok(None)` when a span with the same (rollout, attempt, span_id) exists
     /// (the duplicate is dropped). Unknown rollout or attempt → `NotFound`.
     async fn add_span(&self, span: Span) -> Result<Option<Span>, StoreError>;

@@ -838,6 +838,15 @@ impl Ctx {
 
     /// `get_next_span_sequence_id` (unknown rollout ids count too, Q10).
     pub(crate) fn next_sequence_id(&self, rollout_id: &str) -> Result<i64, StoreError> {
+        self.next_sequence_ids(rollout_id, 1)
+    }
+
+    /// `get_next_span_sequence_ids`: a block of `count` ids, the first returned.
+    pub(crate) fn next_sequence_ids(
+        &self,
+        rollout_id: &str,
+        count: u32,
+    ) -> Result<i64, StoreError> {
         let found: Option<(i64, i64)> = self
             .conn
             .prepare_cached("SELECT seq, span_sequence FROM rollouts WHERE rollout_id = ?1")
@@ -849,7 +858,7 @@ impl Ctx {
             Some((seq, value)) => (Some(seq), value),
             None => (None, self.orphan_counter(rollout_id)?),
         };
-        let issued = lifecycle::issue_sequence_id(&mut value);
+        let issued = lifecycle::issue_sequence_ids(&mut value, count);
         self.save_counter(rollout_id, seq, value)?;
         Ok(issued)
     }
