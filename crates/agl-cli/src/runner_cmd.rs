@@ -42,14 +42,8 @@ pub struct RunnerArgs {
     /// Spider data directory [default: as `agl train`].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
-    /// Bearer token of the store server.
-    #[arg(
-        long,
-        env = "AGL_STORE_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
-    auth_token: Option<String>,
+    #[command(flatten)]
+    token: crate::store_cmd::TokenArg,
     /// Record this process's governance checks in a flight-recorder database.
     #[arg(long, value_name = "FILE.db")]
     audit_log: Option<PathBuf>,
@@ -231,7 +225,7 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let client = client(&args.store_url, args.auth_token.clone())?;
+    let client = client(&args.store_url, args.token.auth_token.clone())?;
     rt.block_on(wait_for_server(
         &client,
         Duration::from_secs_f64(args.connect_timeout),
@@ -268,7 +262,7 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
             "agl runner {pid}: {} workers serving {}",
             args.workers, args.store_url
         );
-        wait_for_stop().await;
+        agl_server::server::wait_for_signal().await;
         stop.store(true, std::sync::atomic::Ordering::Release);
         let mut done = 0u64;
         for w in workers {
@@ -285,25 +279,4 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("agl runner {pid}: stopped after {done} rollouts");
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(unix)]
-async fn wait_for_stop() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-#[cfg(not(unix))]
-async fn wait_for_stop() {
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -26,7 +26,8 @@
 //!
 //! Each row (backend × client count) runs `--rollouts` cycles against a fresh store and a fresh
 //! server. The server runs on its own tokio runtime with 2 worker threads, the clients on
-//! another (one worker per core), so clients and server do not share a scheduler. The memory
+//! another (`--client-threads`, default one per CPU), so clients and server do not share a
+//! scheduler. The memory
 //! backend and SQLite (a new file in a temporary directory or `--dir`, deleted afterwards) use
 //! the watchdog scan debounce of `agl store` (10 s). Latency is measured per request from send
 //! to the last byte of the answer, in microseconds; rollouts/s counts completed cycles over the
@@ -127,6 +128,9 @@ pub struct ServerBenchArgs {
     /// Directory for the SQLite databases [default: a temporary directory].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// Worker threads of the clients' tokio runtime [default: one per CPU].
+    #[arg(long, value_name = "N")]
+    client_threads: Option<usize>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -154,6 +158,9 @@ impl ServerBenchArgs {
         ));
         if self.rest_batch {
             cmd.push_str(" --rest-batch");
+        }
+        if let Some(n) = self.client_threads {
+            cmd.push_str(&format!(" --client-threads {n}"));
         }
         if let Some(dir) = &self.dir {
             cmd.push_str(&format!(" --dir {}", dir.display()));
@@ -264,6 +271,7 @@ struct Report {
     command: String,
     release_build: bool,
     cpus: usize,
+    client_threads: usize,
     server_worker_threads: Option<usize>,
     rest_batch: bool,
     otlp_spans_per_rollout: usize,
@@ -820,8 +828,15 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<ExitCode> {
         args.clients.iter().all(|c| *c > 0),
         "--clients must all be at least 1"
     );
+    anyhow::ensure!(
+        args.client_threads != Some(0),
+        "--client-threads must be at least 1"
+    );
     let command = args.command_line();
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let client_threads = args.client_threads.unwrap_or(cpus);
     let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(client_threads)
         .enable_all()
         .thread_name("agl-bench-client")
         .build()
@@ -876,7 +891,8 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<ExitCode> {
     let report = Report {
         command,
         release_build: !cfg!(debug_assertions),
-        cpus: std::thread::available_parallelism().map_or(1, usize::from),
+        cpus,
+        client_threads,
         server_worker_threads: args.url.is_none().then_some(SERVER_WORKER_THREADS),
         rest_batch: args.rest_batch,
         otlp_spans_per_rollout: otlp,

@@ -37,6 +37,21 @@ pub struct StoreArgs {
     serve: ServeArgs,
 }
 
+/// `--auth-token` / `$AGL_STORE_TOKEN`: the store server's bearer token. The server requires
+/// it on every endpoint except `/v1/agl/health`; clients (`agl runner`, `agl train
+/// --store-url`) send it.
+#[derive(Debug, Args)]
+pub struct TokenArg {
+    /// Bearer token of the store server (`Authorization: Bearer TOKEN`).
+    #[arg(
+        long,
+        env = "AGL_STORE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub auth_token: Option<String>,
+}
+
 /// Arguments of the server (`agl store`).
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -50,14 +65,8 @@ pub struct ServeArgs {
     /// lost when the server stops.
     #[arg(long, value_name = "PATH")]
     db: Option<PathBuf>,
-    /// Require `Authorization: Bearer TOKEN` on every endpoint except /v1/agl/health.
-    #[arg(
-        long,
-        env = "AGL_STORE_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
-    auth_token: Option<String>,
+    #[command(flatten)]
+    token: TokenArg,
     /// Allow browser requests from this origin (repeatable; `*` = any origin, without
     /// credentials). CORS is off without it.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
@@ -120,7 +129,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = ServerConfig {
         host: args.host.clone(),
         port: args.port,
-        auth_token: args.auth_token.clone().filter(|t| !t.is_empty()),
+        auth_token: args.token.auth_token.clone().filter(|t| !t.is_empty()),
         body_limit_bytes: args.body_limit_mib.saturating_mul(1024 * 1024),
         cors_origins: args.cors_origins.clone(),
         max_wait_seconds: args.max_wait,

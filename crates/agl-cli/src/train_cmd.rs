@@ -95,15 +95,10 @@ pub struct TrainArgs {
     /// over HTTP on a free local port for them.
     #[arg(long, default_value_t = 0, value_name = "N")]
     runner_processes: usize,
-    /// Bearer token of the store server (for `--store-url`, and required of runner processes
-    /// by the trainer's own server).
-    #[arg(
-        long,
-        env = "AGL_STORE_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
-    auth_token: Option<String>,
+    /// `--auth-token`: for `--store-url`, and required of runner processes by the trainer's
+    /// own server.
+    #[command(flatten)]
+    token: crate::store_cmd::TokenArg,
     /// With runner processes or a remote store: seconds without a heartbeat after which an
     /// attempt is `unresponsive` and its rollout is retried (up to 3 attempts).
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
@@ -334,7 +329,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     let (store, server): (Arc<dyn LightningStore>, Option<agl_server::RunningServer>) =
         match &args.store_url {
             Some(url) => {
-                let client = crate::runner_cmd::client(url, args.auth_token.clone())?;
+                let client = crate::runner_cmd::client(url, args.token.auth_token.clone())?;
                 rt.block_on(crate::runner_cmd::wait_for_server(
                     &client,
                     Duration::from_secs(30),
@@ -349,7 +344,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 let server = if args.runner_processes > 0 {
                     let config = agl_server::ServerConfig {
                         port: 0,
-                        auth_token: args.auth_token.clone().filter(|t| !t.is_empty()),
+                        auth_token: args.token.auth_token.clone().filter(|t| !t.is_empty()),
                         ..agl_server::ServerConfig::default()
                     };
                     Some(rt.block_on(agl_server::start(store.clone(), config))?)
@@ -414,7 +409,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             url,
             args.workers,
             &data,
-            args.auth_token.as_deref(),
+            args.token.auth_token.as_deref(),
             args.audit_log.as_deref(),
         )?),
         _ => None,

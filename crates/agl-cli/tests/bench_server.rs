@@ -87,6 +87,8 @@ fn both_backends_complete_every_cycle_and_report_each_endpoint() {
     assert_eq!(report["otlp_spans_per_rollout"], 5);
     assert_eq!(report["rest_spans_per_rollout"], 5);
     assert_eq!(report["rest_batch"], false);
+    assert!(report["client_threads"].as_u64().unwrap() >= 1);
+    assert_eq!(report["server_worker_threads"], 2);
     let rows = report["rows"].as_array().unwrap();
     let backends: Vec<&str> = rows
         .iter()

@@ -265,8 +265,10 @@ pub async fn serve_until_signal(
     server.shutdown().await
 }
 
+/// Resolves on SIGTERM or SIGINT (Ctrl-C); on other platforms on Ctrl-C. What `agl store`
+/// and `agl runner` wait for before shutting down.
 #[cfg(unix)]
-async fn wait_for_signal() {
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
@@ -281,7 +283,8 @@ async fn wait_for_signal() {
     }
 }
 
+/// Resolves on Ctrl-C.
 #[cfg(not(unix))]
-async fn wait_for_signal() {
+pub async fn wait_for_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }

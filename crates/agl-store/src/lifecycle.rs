@@ -442,6 +442,16 @@ pub fn issue_sequence_id(counter: &mut i64) -> i64 {
     *counter
 }
 
+/// Refuses a block of zero sequence ids ([`StoreError::Invalid`]).
+pub fn check_sequence_block(count: u32) -> Result<(), StoreError> {
+    if count == 0 {
+        return Err(StoreError::Invalid(
+            "count of sequence ids must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Issues `count` consecutive ids from a per-rollout counter at once and returns the first
 /// (`count` ≥ 1; the ids are `first .. first + count`). Same result as `count` calls of
 /// [`issue_sequence_id`].

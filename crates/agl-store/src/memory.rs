@@ -586,11 +586,7 @@ impl LightningStore for InMemoryLightningStore {
         _attempt_id: &str,
         count: u32,
     ) -> Result<i64, StoreError> {
-        if count == 0 {
-            return Err(StoreError::Invalid(
-                "count of sequence ids must be at least 1".into(),
-            ));
-        }
+        lifecycle::check_sequence_block(count)?;
         let mut state = self.lock();
         Ok(lifecycle::issue_sequence_ids(
             state.sequence_counter(rollout_id),

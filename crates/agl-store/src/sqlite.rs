@@ -420,11 +420,7 @@ impl LightningStore for SqliteLightningStore {
         _attempt_id: &str,
         count: u32,
     ) -> Result<i64, StoreError> {
-        if count == 0 {
-            return Err(StoreError::Invalid(
-                "count of sequence ids must be at least 1".into(),
-            ));
-        }
+        lifecycle::check_sequence_block(count)?;
         let rollout_id = rollout_id.to_string();
         self.inner
             .call(false, move |ctx, _| {

@@ -200,11 +200,7 @@ pub trait LightningStore: Send + Sync {
         attempt_id: &str,
         count: u32,
     ) -> Result<i64, StoreError> {
-        if count == 0 {
-            return Err(StoreError::Invalid(
-                "count of sequence ids must be at least 1".into(),
-            ));
-        }
+        crate::lifecycle::check_sequence_block(count)?;
         let first = self
             .get_next_span_sequence_id(rollout_id, attempt_id)
             .await?;
