@@ -121,8 +121,8 @@ pub struct ServerBenchArgs {
     /// Spans per rollout: half (rounded down) in one OTLP request, the rest over REST.
     #[arg(long, default_value_t = 10)]
     spans: usize,
-    /// Send the REST half in one `POST /v1/agl/spans/batch` instead of one `POST
-    /// /v1/agl/spans` per span (the Python client's behaviour).
+    /// Send the REST half in one `POST /v1/agl/spans/batch` per rollout. Without it, one `POST
+    /// /v1/agl/spans` per span, as the Python client's `add_span` does.
     #[arg(long)]
     rest_batch: bool,
     /// Directory for the SQLite databases [default: a temporary directory].
