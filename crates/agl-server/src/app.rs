@@ -53,9 +53,11 @@ use crate::wire::{
     WaitForRolloutsRequest,
 };
 
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
+/// What every handler shares (cloned per request, so one `Arc`).
+pub type AppState = Arc<AppContext>;
+
+/// The contents of [`AppState`].
+pub struct AppContext {
     /// The backend.
     pub store: Arc<dyn LightningStore>,
     /// The server's metrics registry.
@@ -154,6 +156,10 @@ fn non_finite_as_null(bytes: &[u8]) -> Option<Vec<u8>> {
 }
 
 fn parse_strict<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    // The fast path; only a body that fails is parsed again to find the path of the error.
+    if let Ok(v) = serde_json::from_slice(bytes) {
+        return Ok(v);
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(de) {
         Ok(v) => Ok(v),
@@ -508,17 +514,23 @@ async fn apply_attempt_update(
         s.store.update_attempt(&rollout_id, &attempt_id, update),
     )
     .await?;
-    if finishing
-        && let Ok(Some(r)) = s.store.get_rollout_by_id(&rollout_id).await
-        && r.status.is_finished()
-        && let Some(end) = r.end_time
-        && end >= a.start_time
-    {
-        s.metrics.rollout_finished(
-            &r.status.to_string(),
-            &r.mode.map_or("unknown".to_string(), |m| m.to_string()),
-            end - r.start_time,
-        );
+    if finishing {
+        // The rollout's final status needs one more read; it is taken off the request's path
+        // so the runner's report is answered as soon as it is stored.
+        let (state, started) = (s.clone(), a.start_time);
+        tokio::spawn(async move {
+            if let Ok(Some(r)) = state.store.get_rollout_by_id(&rollout_id).await
+                && r.status.is_finished()
+                && let Some(end) = r.end_time
+                && end >= started
+            {
+                state.metrics.rollout_finished(
+                    &r.status.to_string(),
+                    &r.mode.map_or("unknown".to_string(), |m| m.to_string()),
+                    end - r.start_time,
+                );
+            }
+        });
     }
     Ok(Json(a).into_response())
 }

@@ -17,7 +17,8 @@
 //! recorder (no global registry), so several servers can run in one process (tests).
 //! Not responsible for deciding what to observe; the handlers and middleware call it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use metrics::{Key, Label, Level, Metadata, Recorder};
@@ -32,11 +33,36 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 
 static METADATA: Metadata<'static> = Metadata::new("agl_server", Level::INFO, None);
 
-/// The metrics of one server.
+/// The cached metric families.
+#[derive(Clone, Copy)]
+enum Family {
+    Http,
+    Store,
+}
+
+impl Family {
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Family::Http => ("agl_http_total", "agl_http_latency"),
+            Family::Store => ("agl_store_total", "agl_store_latency"),
+        }
+    }
+}
+
+/// A counter and a histogram with the same labels.
+#[derive(Clone)]
+struct Pair {
+    count: metrics::Counter,
+    latency: metrics::Histogram,
+}
+
+/// The metrics of one server. Handles are cached per label set, so a request costs one map
+/// lookup instead of registering its metrics again.
 #[derive(Clone)]
 pub struct ServerMetrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
+    cache: Arc<RwLock<HashMap<String, Pair>>>,
 }
 
 impl Default for ServerMetrics {
@@ -73,6 +99,7 @@ impl ServerMetrics {
         ServerMetrics {
             recorder: Arc::new(recorder),
             handle,
+            cache: Arc::new(RwLock::new(HashMap::new())),
         }
     }
 
@@ -88,27 +115,53 @@ impl ServerMetrics {
             .record(seconds);
     }
 
+    /// The cached counter and histogram of `family` with `pairs` as labels (registered on
+    /// first use; `key` identifies the label values).
+    fn pair(&self, key: String, family: Family, pairs: &[(&'static str, &str)]) -> Pair {
+        if let Some(p) = self.cache.read().ok().and_then(|c| c.get(&key).cloned()) {
+            return p;
+        }
+        let (total, latency) = family.names();
+        let labels = labels(pairs);
+        let pair = Pair {
+            count: self
+                .recorder
+                .register_counter(&Key::from_parts(total, labels.clone()), &METADATA),
+            latency: self
+                .recorder
+                .register_histogram(&Key::from_parts(latency, labels), &METADATA),
+        };
+        if let Ok(mut c) = self.cache.write() {
+            c.insert(key, pair.clone());
+        }
+        pair
+    }
+
     /// One HTTP request finished.
     pub fn http(&self, path: &str, method: &str, status: u16, elapsed: Duration) {
+        let key = format!("{method} {status} {path}");
         let status = status.to_string();
         let pairs = [
             ("path", path),
             ("method", method),
             ("status", status.as_str()),
         ];
-        self.count("agl_http_total", &pairs);
-        self.observe("agl_http_latency", &pairs, elapsed.as_secs_f64());
+        let p = self.pair(key, Family::Http, &pairs);
+        p.count.increment(1);
+        p.latency.record(elapsed.as_secs_f64());
     }
 
     /// One store operation finished with `status` (`OK` or the error kind).
     pub fn store(&self, method: &str, status: &str, elapsed: Duration) {
+        let key = format!("{method} {status}");
         let pairs = [
             ("method", method),
             ("store_pubmeth", method),
             ("status", status),
         ];
-        self.count("agl_store_total", &pairs);
-        self.observe("agl_store_latency", &pairs, elapsed.as_secs_f64());
+        let p = self.pair(key, Family::Store, &pairs);
+        p.count.increment(1);
+        p.latency.record(elapsed.as_secs_f64());
     }
 
     /// A rollout reached terminal `status` after `duration_seconds`.

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
-use crate::app::{AppState, router};
+use crate::app::{AppContext, router};
 use crate::error::{ApiError, ErrorCode, ServerError};
 use crate::metrics::ServerMetrics;
 
@@ -160,13 +160,13 @@ pub fn build_app(
     shutting_down: watch::Receiver<bool>,
 ) -> Result<Router, ServerError> {
     config.validate()?;
-    let state = AppState {
+    let state = Arc::new(AppContext {
         store,
         metrics: ServerMetrics::new(),
         max_wait: Duration::from_secs_f64(config.max_wait_seconds),
         body_limit_bytes: config.body_limit_bytes,
         shutting_down,
-    };
+    });
     let mut app = router(state).layer(DefaultBodyLimit::max(config.body_limit_bytes));
     if let Some(token) = &config.auth_token {
         let token: Arc<str> = Arc::from(token.trim());
