@@ -147,7 +147,8 @@ async fn killed_runner_attempts_become_unresponsive_and_are_retried() {
         );
         tokio::time::sleep(Duration::from_millis(15)).await;
         signal(&victim.0, Signal::SIGSTOP);
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        // Long enough for a report the victim sent just before the stop to reach the store.
+        tokio::time::sleep(Duration::from_millis(150)).await;
         let worker = client.get_worker_by_id(&victim_worker).await.unwrap();
         match worker {
             Some(w) if w.status == WorkerStatus::Busy && w.current_attempt_id.is_some() => {
