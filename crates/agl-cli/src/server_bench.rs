@@ -777,16 +777,6 @@ fn fresh_store(
     }
 }
 
-fn remove_db(path: Option<PathBuf>) {
-    if let Some(path) = path {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(PathBuf::from(p));
-        }
-    }
-}
-
 /// Starts a server over a fresh `backend` store, runs one row, shuts the server down (closing
 /// the store) and deletes the database.
 fn in_process_row(
@@ -811,7 +801,7 @@ fn in_process_row(
     })?;
     let row = run_row(client_rt, args, backend, &server.url(), clients);
     let stopped = server_rt.block_on(server.shutdown());
-    remove_db(path);
+    crate::store_bench::remove_db(path);
     let row = row?;
     stopped.context("shutting the in-process server down")?;
     Ok(row)

@@ -105,7 +105,8 @@ impl Stores {
     }
 }
 
-fn remove_db(path: Option<PathBuf>) {
+/// Deletes a benchmark's SQLite database with its `-wal` and `-shm` files.
+pub(crate) fn remove_db(path: Option<PathBuf>) {
     if let Some(path) = path {
         for suffix in ["", "-wal", "-shm"] {
             let mut p = path.clone().into_os_string();
