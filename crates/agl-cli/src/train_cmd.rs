@@ -314,6 +314,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     anyhow::ensure!(
+        args.workers > 0 || (args.store_url.is_some() && args.runner_processes == 0),
+        "--workers 0 runs no rollouts here: it needs --store-url URL with `agl runner` \
+         processes serving that store (with --runner-processes, --workers is per process)"
+    );
+    anyhow::ensure!(
         args.store_url.is_none() || args.store == "memory",
         "--store {} and --store-url {} both name a store; the server owns its backend (`agl \
          store --db PATH`), so pass only --store-url",

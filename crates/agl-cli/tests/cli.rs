@@ -651,3 +651,9 @@ fn inspect_does_not_run_the_watchdog() {
         "inspect changed the database"
     );
 }
+
+#[test]
+fn train_with_no_workers_and_no_store_url_is_one_line_error() {
+    let o = agl(&["train", "--workers", "0", "--limit", "4"]);
+    assert_one_line_error(&o, "--workers 0");
+}

@@ -582,3 +582,61 @@ fn policy_resources(version: usize, seed: u64, spec: Option<&RunSpec>) -> NamedR
     );
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> RunSpec {
+        RunSpec {
+            governance: GovernanceMode::Audit,
+            policy: "strict".into(),
+            reward: RewardConfig::default(),
+            candidates: agl_spider::CandidateConfig::default(),
+            limit: Some(48),
+            dev_limit: None,
+            sql_timeout_seconds: 2.0,
+        }
+    }
+
+    fn update(resources: NamedResources) -> ResourcesUpdate {
+        ResourcesUpdate {
+            resources_id: "policy-v3".into(),
+            create_time: 1.0,
+            update_time: 1.0,
+            version: 1,
+            resources,
+        }
+    }
+
+    #[test]
+    fn the_run_spec_travels_in_the_policy_resource() {
+        let published = update(policy_resources(3, 7, Some(&spec())));
+        assert_eq!(RunSpec::from_resources(&published).unwrap(), Some(spec()));
+        let without = update(policy_resources(3, 7, None));
+        assert_eq!(RunSpec::from_resources(&without).unwrap(), None);
+    }
+
+    #[test]
+    fn a_malformed_run_spec_names_the_resources() {
+        let mut r = policy_resources(1, 0, None);
+        if let Some(Resource::Llm(llm)) = r.get_mut("policy") {
+            llm.sampling_parameters.insert(
+                RUN_SPEC_KEY.into(),
+                serde_json::json!({"governance": "sometimes"}),
+            );
+        }
+        let e = RunSpec::from_resources(&update(r)).unwrap_err().to_string();
+        assert!(e.contains("policy-v3") && e.contains(RUN_SPEC_KEY), "{e}");
+    }
+
+    #[test]
+    fn the_task_key_ignores_what_does_not_change_the_task() {
+        let mut other = spec();
+        other.governance = GovernanceMode::Enforce;
+        other.policy = "permissive".into();
+        assert_eq!(spec().task_key(), other.task_key());
+        other.limit = Some(49);
+        assert_ne!(spec().task_key(), other.task_key());
+    }
+}
