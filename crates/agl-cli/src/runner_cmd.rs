@@ -18,7 +18,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agl_core::{AttemptedRollout, RolloutMode};
+use agl_core::AttemptedRollout;
 use agl_gov::{FlightRecorder, GovernanceMode, PolicyFile};
 use agl_server::{ClientOptions, StoreClient};
 use agl_spider::{ExecutorConfig, SpiderDataset};
@@ -167,11 +167,7 @@ impl RunnerResolver for ResourceRunners {
                 }
             }
         };
-        let runner = match rollout.rollout.mode {
-            Some(RolloutMode::Train) => train,
-            _ => eval,
-        };
-        Ok(Assignment { runner, task })
+        Ok(Assignment::by_mode(rollout, &train, &eval, task))
     }
 }
 

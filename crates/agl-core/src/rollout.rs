@@ -467,8 +467,9 @@ impl Worker {
 }
 
 /// Deserializes a JSON value whose key must be present (it may be `null`): without
-/// `deserialize_with`, serde would turn a missing `input` key into `null` silently.
-fn required_value<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+/// `deserialize_with`, serde would turn a missing `input` key into `null` silently. Use it as
+/// `#[serde(deserialize_with = "agl_core::rollout::required_value")]`.
+pub fn required_value<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
     Value::deserialize(d)
 }
 

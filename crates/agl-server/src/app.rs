@@ -403,15 +403,8 @@ async fn update_rollout(
         s.store.update_rollout(&rollout_id, update),
     )
     .await?;
-    if finishing
-        && r.status.is_finished()
-        && let Some(end) = r.end_time
-    {
-        s.metrics.rollout_finished(
-            &r.status.to_string(),
-            &r.mode.map_or("unknown".to_string(), |m| m.to_string()),
-            end - r.start_time,
-        );
+    if finishing {
+        s.metrics.rollout(&r, r.start_time);
     }
     Ok(Json(r).into_response())
 }
@@ -519,16 +512,8 @@ async fn apply_attempt_update(
         // so the runner's report is answered as soon as it is stored.
         let (state, started) = (s.clone(), a.start_time);
         tokio::spawn(async move {
-            if let Ok(Some(r)) = state.store.get_rollout_by_id(&rollout_id).await
-                && r.status.is_finished()
-                && let Some(end) = r.end_time
-                && end >= started
-            {
-                state.metrics.rollout_finished(
-                    &r.status.to_string(),
-                    &r.mode.map_or("unknown".to_string(), |m| m.to_string()),
-                    end - r.start_time,
-                );
+            if let Ok(Some(r)) = state.store.get_rollout_by_id(&rollout_id).await {
+                state.metrics.rollout(&r, started);
             }
         });
     }

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use agl_core::Rollout;
 use metrics::{Key, Label, Level, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
@@ -115,14 +116,14 @@ impl ServerMetrics {
             .record(seconds);
     }
 
-    /// The cached counter and histogram of `family` with `pairs` as labels (registered on
-    /// first use; `key` identifies the label values).
-    fn pair(&self, key: String, family: Family, pairs: &[(&'static str, &str)]) -> Pair {
+    /// The cached counter and histogram of `family` whose label values `key` identifies;
+    /// `labels` builds the labels when they are registered (first use only).
+    fn pair(&self, key: String, family: Family, labels: impl FnOnce() -> Vec<Label>) -> Pair {
         if let Some(p) = self.cache.read().ok().and_then(|c| c.get(&key).cloned()) {
             return p;
         }
         let (total, latency) = family.names();
-        let labels = labels(pairs);
+        let labels = labels();
         let pair = Pair {
             count: self
                 .recorder
@@ -139,29 +140,40 @@ impl ServerMetrics {
 
     /// One HTTP request finished.
     pub fn http(&self, path: &str, method: &str, status: u16, elapsed: Duration) {
-        let key = format!("{method} {status} {path}");
-        let status = status.to_string();
-        let pairs = [
-            ("path", path),
-            ("method", method),
-            ("status", status.as_str()),
-        ];
-        let p = self.pair(key, Family::Http, &pairs);
+        let p = self.pair(format!("{method} {status} {path}"), Family::Http, || {
+            let status = status.to_string();
+            labels(&[("path", path), ("method", method), ("status", &status)])
+        });
         p.count.increment(1);
         p.latency.record(elapsed.as_secs_f64());
     }
 
     /// One store operation finished with `status` (`OK` or the error kind).
     pub fn store(&self, method: &str, status: &str, elapsed: Duration) {
-        let key = format!("{method} {status}");
-        let pairs = [
-            ("method", method),
-            ("store_pubmeth", method),
-            ("status", status),
-        ];
-        let p = self.pair(key, Family::Store, &pairs);
+        let p = self.pair(format!("{method} {status}"), Family::Store, || {
+            labels(&[
+                ("method", method),
+                ("store_pubmeth", method),
+                ("status", status),
+            ])
+        });
         p.count.increment(1);
         p.latency.record(elapsed.as_secs_f64());
+    }
+
+    /// Records `rollout` in `agl_rollouts_*` if it is finished with an `end_time` not before
+    /// `finished_since` (Unix seconds; callers pass the start of the change they observed, so
+    /// a rollout that had finished earlier is not counted again).
+    pub fn rollout(&self, rollout: &Rollout, finished_since: f64) {
+        if let Some(end) = rollout.end_time
+            && rollout.status.is_finished()
+            && end >= finished_since
+        {
+            let mode = rollout
+                .mode
+                .map_or("unknown".to_string(), |m| m.to_string());
+            self.rollout_finished(&rollout.status.to_string(), &mode, end - rollout.start_time);
+        }
     }
 
     /// A rollout reached terminal `status` after `duration_seconds`.

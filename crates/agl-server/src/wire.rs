@@ -72,7 +72,7 @@ impl Default for DequeueRequest {
 #[serde(deny_unknown_fields)]
 pub struct StartRolloutRequest {
     /// The task input (required key; may be `null`).
-    #[serde(deserialize_with = "required_value")]
+    #[serde(deserialize_with = "agl_core::rollout::required_value")]
     pub input: Value,
     /// `train` / `val` / `test` or `null`.
     #[serde(default)]
@@ -89,10 +89,6 @@ pub struct StartRolloutRequest {
     /// The worker that runs the first attempt.
     #[serde(default)]
     pub worker_id: Option<String>,
-}
-
-fn required_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
-    Value::deserialize(d)
 }
 
 impl StartRolloutRequest {

@@ -269,6 +269,25 @@ pub struct Assignment {
     pub task: Arc<SpiderTask>,
 }
 
+impl Assignment {
+    /// `train` for `train` rollouts, `eval` (whose kernel enforces) for every other mode.
+    pub fn by_mode(
+        rollout: &AttemptedRollout,
+        train: &Arc<SpiderRunner>,
+        eval: &Arc<SpiderRunner>,
+        task: Arc<SpiderTask>,
+    ) -> Assignment {
+        let runner = match rollout.rollout.mode {
+            Some(RolloutMode::Train) => train,
+            _ => eval,
+        };
+        Assignment {
+            runner: runner.clone(),
+            task,
+        }
+    }
+}
+
 /// Chooses the runner and task for each dequeued rollout.
 ///
 /// In-process training uses [`FixedRunners`]; runner processes (`agl runner`) resolve them
@@ -301,14 +320,12 @@ impl RunnerResolver for FixedRunners {
         _store: &dyn LightningStore,
         rollout: &AttemptedRollout,
     ) -> Result<Assignment, TrainError> {
-        let runner = match rollout.rollout.mode {
-            Some(RolloutMode::Train) => &self.train,
-            _ => &self.eval,
-        };
-        Ok(Assignment {
-            runner: runner.clone(),
-            task: self.task.clone(),
-        })
+        Ok(Assignment::by_mode(
+            rollout,
+            &self.train,
+            &self.eval,
+            self.task.clone(),
+        ))
     }
 }
 
