@@ -227,7 +227,7 @@ pub fn router(state: AppState) -> Router {
         .route("/resources", get(query_resources).post(add_resources))
         .route(
             "/resources/latest",
-            get(latest_resources).post(reserved_resources_id),
+            get(latest_resources).post(update_latest_resources),
         )
         .route(
             "/resources/{resources_id}",
@@ -596,11 +596,13 @@ async fn latest_resources(State(s): State<AppState>) -> ApiResult<Response> {
     Ok(Json(r).into_response())
 }
 
-async fn reserved_resources_id() -> ApiError {
-    ApiError::invalid_request(
-        "resources id `latest` is reserved (GET /resources/latest means the latest resources); \
-         choose another id",
-    )
+/// `POST /resources/latest`: the static `latest` route shadows `/resources/{resources_id}`,
+/// so the upsert is routed here by hand; the store refuses the reserved id (Q33, 400).
+async fn update_latest_resources(
+    state: State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    update_resources(state, Path(agl_core::LATEST.to_string()), body).await
 }
 
 async fn get_resources(
