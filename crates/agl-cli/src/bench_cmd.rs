@@ -32,6 +32,10 @@ pub enum BenchCommand {
     /// `agl store` (memory, SQLite) or `--url`, with 1, 8 and 64 concurrent clients and p50/p99
     /// latency per endpoint.
     Server(crate::server_bench::ServerBenchArgs),
+    /// LLM engine throughput on Spider prompts: prefill, decode at batch 1, a group of 8 and
+    /// 32 concurrent requests, time to first token, peak RSS; side by side with llama.cpp on
+    /// the same GGUF when `--llama-cpp-python` is given (scripts/bench-llm.sh does that).
+    Llm(crate::llm_bench::LlmBenchArgs),
 }
 
 /// Arguments of `agl bench governance`.
@@ -68,6 +72,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Governance(args) => governance(args),
         BenchCommand::Store(args) => crate::store_bench::run(&args),
         BenchCommand::Server(args) => crate::server_bench::run(&args),
+        BenchCommand::Llm(args) => crate::llm_bench::run(&args),
     }
 }
 

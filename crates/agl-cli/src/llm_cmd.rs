@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 
 use agl_llm::api::{self, ApiOptions};
 use agl_llm::{Engine, EngineConfig, ModelFiles, WeightFormat};
@@ -23,15 +23,6 @@ pub enum LlmCommand {
     /// Serve a model over an OpenAI-compatible HTTP API (chat/completions, completions, models,
     /// vLLM's LoRA adapter endpoints, /health, /metrics).
     Serve(ServeArgs),
-}
-
-/// How linear weights are held in memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Weights {
-    /// f32: exact, the same numbers training sees.
-    Dense,
-    /// GGML Q8_0 blocks: faster decoding, serving only.
-    Q8,
 }
 
 /// Arguments of `agl llm serve`.
@@ -65,9 +56,6 @@ pub struct ServeArgs {
         value_name = "KEY"
     )]
     pub api_key: Option<String>,
-    /// How to hold the linear weights: dense (f32) or q8 (faster, serving only).
-    #[arg(long, value_enum, default_value = "dense")]
-    pub weights: Weights,
 }
 
 /// Runs `agl llm …`.
@@ -118,10 +106,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         agl_llm::hub::ModelLocation::Gguf(p) => ModelFiles::Gguf(p),
         agl_llm::hub::ModelLocation::HfDir(p) => ModelFiles::HfDir(p),
     };
-    let format = match args.weights {
-        Weights::Dense => WeightFormat::Dense,
-        Weights::Q8 => WeightFormat::Q8,
-    };
+    let format = WeightFormat::Dense;
     let t0 = Instant::now();
     let loaded = agl_llm::load(&files, &candle_device(), format).context("loading the model")?;
     let source = loaded.source.display().to_string();

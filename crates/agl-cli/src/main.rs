@@ -3,7 +3,9 @@
 
 mod audit_cmd;
 mod bench_cmd;
+mod llm_bench;
 mod llm_cmd;
+mod model_cmd;
 mod plot;
 mod policy_cmd;
 mod runner_cmd;
@@ -31,6 +33,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Fetch and list models for the built-in LLM engine (`agl model pull smollm2-135m-instruct`).
+    Model {
+        #[command(subcommand)]
+        command: model_cmd::ModelCommand,
+    },
     /// Train the built-in governed SQL agent on Spider with GRPO, then evaluate on dev.
     Train(Box<train_cmd::TrainArgs>),
     /// Measure governance check latency on the Spider dev gold queries.
@@ -59,6 +66,32 @@ enum Command {
     },
 }
 
+/// candle asks for its thread count on every matmul and, unless `RAYON_NUM_THREADS` is set,
+/// re-reads `/proc/cpuinfo` each time: measured here, a third of batch-1 decode time
+/// (`agl bench llm`: 23 → 35 tokens/s with the variable set). Setting a variable of the running
+/// process needs `unsafe` in Rust 2024, which this workspace forbids, so the LLM commands
+/// re-execute themselves once (same pid, same arguments) with it set to candle's own default.
+#[cfg(unix)]
+fn pin_thread_count() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let threads = candle_core::utils::get_num_threads();
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .exec();
+    // `exec` returns only on failure: carry on, just slower.
+    eprintln!("note: could not re-execute with RAYON_NUM_THREADS set ({err}); continuing");
+}
+
+#[cfg(not(unix))]
+fn pin_thread_count() {}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -80,6 +113,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if matches!(
+        &cli.command,
+        Command::Llm { .. }
+            | Command::Bench {
+                command: bench_cmd::BenchCommand::Llm(_)
+            }
+    ) {
+        pin_thread_count();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AGL_LOG")
@@ -93,6 +135,7 @@ fn main() -> ExitCode {
         Command::Store(args) => store_cmd::run(args),
         Command::Runner(args) => runner_cmd::run(args),
         Command::Llm { command } => llm_cmd::run(command),
+        Command::Model { command } => model_cmd::run(command),
         Command::Policy { command } => {
             // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
             return match policy_cmd::run(command) {

@@ -90,14 +90,20 @@ impl ModelConfig {
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
             return fail("attention head count is 0".into());
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return fail(format!(
                 "{} attention heads are not a multiple of {} key/value heads",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return fail(format!("head dimension {} is not a positive even number", self.head_dim));
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return fail(format!(
+                "head dimension {} is not a positive even number",
+                self.head_dim
+            ));
         }
         if self.hidden_size == 0 || self.vocab_size == 0 || self.num_hidden_layers == 0 {
             return fail("hidden size, vocabulary size and layer count must be positive".into());
@@ -117,7 +123,12 @@ impl ModelConfig {
                 .to_string()
                 .map_err(|_| LlmError::model_file(path, "general.architecture is not a string"))?
                 .clone(),
-            None => return Err(LlmError::model_file(path, "missing key general.architecture")),
+            None => {
+                return Err(LlmError::model_file(
+                    path,
+                    "missing key general.architecture",
+                ));
+            }
         };
         let architecture = match arch_name.as_str() {
             "llama" => Architecture::Llama,
@@ -150,7 +161,12 @@ impl ModelConfig {
             Ok(v) => v,
             Err(_) => match md.get("tokenizer.ggml.tokens") {
                 Some(gguf_file::Value::Array(a)) => a.len(),
-                _ => return Err(LlmError::model_file(path, format!("missing key {}", key("vocab_size")))),
+                _ => {
+                    return Err(LlmError::model_file(
+                        path,
+                        format!("missing key {}", key("vocab_size")),
+                    ));
+                }
             },
         };
         let tie_word_embeddings = !content.tensor_infos.contains_key("output.weight");
@@ -191,20 +207,27 @@ impl ModelConfig {
             other => {
                 return Err(LlmError::UnsupportedArchitecture {
                     path: path.to_path_buf(),
-                    architecture: if other.is_empty() { "(none given)".into() } else { other.into() },
+                    architecture: if other.is_empty() {
+                        "(none given)".into()
+                    } else {
+                        other.into()
+                    },
                 });
             }
         };
         let missing = |k: &str| LlmError::model_file(path, format!("missing key `{k}`"));
         let hidden_size = raw.hidden_size.ok_or_else(|| missing("hidden_size"))?;
-        let num_attention_heads =
-            raw.num_attention_heads.ok_or_else(|| missing("num_attention_heads"))?;
+        let num_attention_heads = raw
+            .num_attention_heads
+            .ok_or_else(|| missing("num_attention_heads"))?;
         let rope_scaling = match &raw.rope_scaling {
             Some(s) if s.kind() == Some("llama3") => Some(Llama3RopeScaling {
                 factor: s.factor.unwrap_or(8.0),
                 low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
                 high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
-                original_max_position_embeddings: s.original_max_position_embeddings.unwrap_or(8192),
+                original_max_position_embeddings: s
+                    .original_max_position_embeddings
+                    .unwrap_or(8192),
             }),
             Some(s) if matches!(s.kind(), None | Some("default")) => None,
             Some(s) => {
@@ -222,11 +245,17 @@ impl ModelConfig {
             architecture,
             vocab_size: raw.vocab_size.ok_or_else(|| missing("vocab_size"))?,
             hidden_size,
-            intermediate_size: raw.intermediate_size.ok_or_else(|| missing("intermediate_size"))?,
-            num_hidden_layers: raw.num_hidden_layers.ok_or_else(|| missing("num_hidden_layers"))?,
+            intermediate_size: raw
+                .intermediate_size
+                .ok_or_else(|| missing("intermediate_size"))?,
+            num_hidden_layers: raw
+                .num_hidden_layers
+                .ok_or_else(|| missing("num_hidden_layers"))?,
             num_attention_heads,
             num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
-            head_dim: raw.head_dim.unwrap_or(hidden_size / num_attention_heads.max(1)),
+            head_dim: raw
+                .head_dim
+                .unwrap_or(hidden_size / num_attention_heads.max(1)),
             rope_theta: raw.rope_theta.unwrap_or(10_000.0),
             rope_scaling,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),

@@ -201,14 +201,23 @@ impl Collector {
     /// Returns true when every completion has finished.
     fn push(&mut self, ev: Event) -> Result<bool> {
         match ev {
-            Event::Token { index, logprob, text } => {
+            Event::Token {
+                index,
+                logprob,
+                text,
+            } => {
                 if let Some(Some(c)) = self.parts.get_mut(index) {
                     c.token_ids.push(logprob.token_id);
                     c.text.push_str(&text);
                     c.logprobs.push(logprob);
                 }
             }
-            Event::Finished { index, reason, stop, text } => {
+            Event::Finished {
+                index,
+                reason,
+                stop,
+                text,
+            } => {
                 if let Some(Some(c)) = self.parts.get_mut(index) {
                     c.text.push_str(&text);
                     c.finish_reason = reason;
@@ -225,7 +234,11 @@ impl Collector {
         if self.done < self.parts.len() {
             return Err(LlmError::EngineStopped);
         }
-        Ok(Generation { model, prompt_token_ids, completions: self.parts.into_iter().flatten().collect() })
+        Ok(Generation {
+            model,
+            prompt_token_ids,
+            completions: self.parts.into_iter().flatten().collect(),
+        })
     }
 }
 
@@ -240,7 +253,10 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { model_name: "default".into(), max_batch_rows: 64 }
+        Self {
+            model_name: "default".into(),
+            max_batch_rows: 64,
+        }
     }
 }
 
@@ -294,7 +310,9 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("model", &self.shared.config.model_name).finish()
+        f.debug_struct("Engine")
+            .field("model", &self.shared.config.model_name)
+            .finish()
     }
 }
 
@@ -355,7 +373,12 @@ impl Engine {
 
     /// Names of the loaded adapters, sorted.
     pub fn adapters(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.shared.adapters.read().map(|a| a.keys().cloned().collect()).unwrap_or_default();
+        let mut v: Vec<String> = self
+            .shared
+            .adapters
+            .read()
+            .map(|a| a.keys().cloned().collect())
+            .unwrap_or_default();
         v.sort();
         v
     }
@@ -371,10 +394,16 @@ impl Engine {
     /// Requests already running keep the adapter they started with.
     pub fn set_adapter(&self, name: &str, adapter: LoraAdapter) -> Result<()> {
         if name.is_empty() || name == self.model_name() {
-            return Err(LlmError::invalid("lora_name", format!("`{name}` cannot name an adapter")));
+            return Err(LlmError::invalid(
+                "lora_name",
+                format!("`{name}` cannot name an adapter"),
+            ));
         }
         if adapter.num_layers() != self.shared.model.config().num_hidden_layers {
-            return Err(LlmError::invalid("lora_path", "the adapter does not fit this model's layers"));
+            return Err(LlmError::invalid(
+                "lora_path",
+                "the adapter does not fit this model's layers",
+            ));
         }
         if let Ok(mut a) = self.shared.adapters.write() {
             a.insert(name.to_string(), Arc::new(adapter));
@@ -384,7 +413,11 @@ impl Engine {
 
     /// Stops serving adapter `name`; false if there was none.
     pub fn unload_adapter(&self, name: &str) -> bool {
-        self.shared.adapters.write().map(|mut a| a.remove(name).is_some()).unwrap_or(false)
+        self.shared
+            .adapters
+            .write()
+            .map(|mut a| a.remove(name).is_some())
+            .unwrap_or(false)
     }
 
     /// Submits a request; events arrive on the returned stream as tokens are produced.
@@ -394,7 +427,12 @@ impl Engine {
             None => (self.model_name().to_string(), None),
             Some(m) if m == self.model_name() => (m.to_string(), None),
             Some(m) => {
-                let found = self.shared.adapters.read().ok().and_then(|a| a.get(m).cloned());
+                let found = self
+                    .shared
+                    .adapters
+                    .read()
+                    .ok()
+                    .and_then(|a| a.get(m).cloned());
                 match found {
                     Some(a) => (m.to_string(), Some((m.to_string(), a))),
                     None => return Err(LlmError::UnknownModel(m.to_string())),
@@ -407,10 +445,16 @@ impl Engine {
         }
         let vocab = self.shared.model.config().vocab_size as u32;
         if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
-            return Err(LlmError::invalid("prompt", format!("token id {bad} is outside the vocabulary (0..{vocab})")));
+            return Err(LlmError::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary (0..{vocab})"),
+            ));
         }
         if req.prompt.len() >= ctx {
-            return Err(LlmError::ContextLength { prompt_tokens: req.prompt.len(), max_context: ctx });
+            return Err(LlmError::ContextLength {
+                prompt_tokens: req.prompt.len(),
+                max_context: ctx,
+            });
         }
         let room = ctx - req.prompt.len();
         let max_tokens = match req.params.max_tokens {
@@ -429,13 +473,29 @@ impl Engine {
         };
         let (etx, erx) = tmpsc::unbounded_channel();
         let n = req.params.n;
-        let job = Job { adapter, prompt: req.prompt.clone(), params: req.params, max_tokens, events: etx };
-        let sent = self.shared.tx.lock().ok().and_then(|tx| tx.as_ref().map(|tx| tx.send(job).is_ok()));
+        let job = Job {
+            adapter,
+            prompt: req.prompt.clone(),
+            params: req.params,
+            max_tokens,
+            events: etx,
+        };
+        let sent = self
+            .shared
+            .tx
+            .lock()
+            .ok()
+            .and_then(|tx| tx.as_ref().map(|tx| tx.send(job).is_ok()));
         if sent != Some(true) {
             return Err(LlmError::EngineStopped);
         }
         self.shared.stats.waiting.fetch_add(1, Ordering::Relaxed);
-        Ok(Stream { model: name, prompt_token_ids: req.prompt, n, events: erx })
+        Ok(Stream {
+            model: name,
+            prompt_token_ids: req.prompt,
+            n,
+            events: erx,
+        })
     }
 
     /// Submits a request and waits for all of its completions.
@@ -540,7 +600,10 @@ impl Worker {
                     }
                 }
             }
-            self.shared.stats.running_rows.store(rows, Ordering::Relaxed);
+            self.shared
+                .stats
+                .running_rows
+                .store(rows, Ordering::Relaxed);
             if groups.is_empty() {
                 continue;
             }
@@ -549,12 +612,17 @@ impl Worker {
                     let _ = g.job.events.send(Event::Error(e.to_string()));
                 }
             }
+            let running = groups.iter().map(|g| g.rows.len()).sum();
+            self.shared.stats.running_rows.store(running, Ordering::Relaxed);
         }
     }
 
     /// Prefills a job and samples each row's first token. `Ok(None)` when every row finished
     /// at once (or the client left).
-    fn admit(&self, job: Job) -> std::result::Result<Option<Group>, (tmpsc::UnboundedSender<Event>, LlmError)> {
+    fn admit(
+        &self,
+        job: Job,
+    ) -> std::result::Result<Option<Group>, (tmpsc::UnboundedSender<Event>, LlmError)> {
         let model = &self.shared.model;
         let t0 = Instant::now();
         let capacity = job.prompt.len() + job.max_tokens;
@@ -569,8 +637,12 @@ impl Worker {
             Err(e) => return Err((job.events, e)),
         };
         let stats = &self.shared.stats;
-        stats.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
-        stats.prefill_micros.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        stats
+            .prompt_tokens
+            .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+        stats
+            .prefill_micros
+            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         let n = job.params.n;
         let cache = if n > 1 {
             match cache.expand(n) {
@@ -590,15 +662,28 @@ impl Worker {
                 text_tokens: Vec::new(),
                 text: String::new(),
                 emitted: 0,
-                counts: if penalised { vec![0; vocab] } else { Vec::new() },
+                counts: if penalised {
+                    vec![0; vocab]
+                } else {
+                    Vec::new()
+                },
             })
             .collect();
-        let mut group = Group { job, rows, cache, next: Vec::new() };
+        let mut group = Group {
+            job,
+            rows,
+            cache,
+            next: Vec::new(),
+        };
         let all: Vec<&[f32]> = (0..n).map(|_| logits.as_slice()).collect();
         if let Err(e) = self.advance(&mut group, &all) {
             return Err((group.job.events, e));
         }
-        Ok(if group.rows.is_empty() { None } else { Some(group) })
+        Ok(if group.rows.is_empty() {
+            None
+        } else {
+            Some(group)
+        })
     }
 
     /// One decode step for every group, batched per adapter.
@@ -617,7 +702,11 @@ impl Worker {
             let idx: Vec<usize> = (0..groups.len())
                 .filter(|&i| groups[i].job.adapter.as_ref().map(|(n, _)| n.clone()) == key)
                 .collect();
-            let adapter = groups[idx[0]].job.adapter.as_ref().map(|(_, a)| Arc::clone(a));
+            let adapter = groups[idx[0]]
+                .job
+                .adapter
+                .as_ref()
+                .map(|(_, a)| Arc::clone(a));
             let logits = {
                 let mut parts: Vec<DecodeGroup<'_>> = Vec::with_capacity(idx.len());
                 let mut rest: Vec<&mut Group> = groups.iter_mut().collect();
@@ -629,15 +718,24 @@ impl Worker {
                     keep
                 });
                 for g in rest {
-                    parts.push(DecodeGroup { tokens: &g.next, cache: &mut g.cache });
+                    parts.push(DecodeGroup {
+                        tokens: &g.next,
+                        cache: &mut g.cache,
+                    });
                 }
-                self.shared.model.decode(&mut parts, adapter.as_deref())?.to_vec2::<f32>()?
+                self.shared
+                    .model
+                    .decode(&mut parts, adapter.as_deref())?
+                    .to_vec2::<f32>()?
             };
             let mut offset = 0;
             for &i in &idx {
                 let g = &mut groups[i];
                 let r = g.rows.len();
-                let rows: Vec<&[f32]> = logits[offset..offset + r].iter().map(|v| v.as_slice()).collect();
+                let rows: Vec<&[f32]> = logits[offset..offset + r]
+                    .iter()
+                    .map(|v| v.as_slice())
+                    .collect();
                 offset += r;
                 total_rows += r;
                 self.advance(g, &rows)?;
@@ -645,7 +743,9 @@ impl Worker {
         }
         groups.retain(|g| !g.rows.is_empty());
         let stats = &self.shared.stats;
-        stats.decode_micros.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        stats
+            .decode_micros
+            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         stats.decode_steps.fetch_add(1, Ordering::Relaxed);
         stats.last_batch_rows.store(total_rows, Ordering::Relaxed);
         Ok(())
@@ -660,18 +760,38 @@ impl Worker {
         let mut client_gone = false;
         for (i, row) in g.rows.iter_mut().enumerate() {
             let s = sample(logits[i], &g.job.params, &row.counts, &mut row.rng)?;
-            self.shared.stats.generation_tokens.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .stats
+                .generation_tokens
+                .fetch_add(1, Ordering::Relaxed);
             row.tokens.push(s.token);
             if let Some(c) = row.counts.get_mut(s.token as usize) {
                 *c += 1;
             }
-            let outcome = self.check_row(row, s.token, &g.job, g.cache.len() + 1 >= g.cache.capacity());
+            let outcome = self.check_row(
+                row,
+                s.token,
+                &g.job,
+                g.cache.len() + 1 >= g.cache.capacity(),
+            );
             let delta = match &outcome {
                 RowOutcome::Continue => self.take_safe_text(row, &g.job.params.stop),
                 RowOutcome::Done(..) => String::new(),
             };
-            let lp = crate::engine::TokenLogprob { token_id: s.token, logprob: s.logprob, top: s.top };
-            if g.job.events.send(Event::Token { index: row.index, logprob: lp, text: delta }).is_err() {
+            let lp = crate::engine::TokenLogprob {
+                token_id: s.token,
+                logprob: s.logprob,
+                top: s.top,
+            };
+            if g.job
+                .events
+                .send(Event::Token {
+                    index: row.index,
+                    logprob: lp,
+                    text: delta,
+                })
+                .is_err()
+            {
                 client_gone = true;
             }
             match outcome {
@@ -681,12 +801,18 @@ impl Worker {
                 }
                 RowOutcome::Done(reason, stop, text) => {
                     finished.push(row.index);
-                    let _ = g.job.events.send(Event::Finished { index: row.index, reason, stop, text });
+                    let _ = g.job.events.send(Event::Finished {
+                        index: row.index,
+                        reason,
+                        stop,
+                        text,
+                    });
                 }
             }
         }
         if client_gone {
             g.rows.clear();
+            self.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         if keep.len() < g.rows.len() {
@@ -719,7 +845,7 @@ impl Worker {
             return RowOutcome::Done(FinishReason::Stop, Some(StopReason::TokenId(token)), rest);
         }
         row.text_tokens.push(token);
-        if let Ok(t) = self.shared.tokenizer.decode(&row.text_tokens, true) {
+        if let Ok(t) = self.shared.tokenizer.decode(&row.text_tokens, p.skip_special_tokens) {
             // Hold text that ends in an incomplete UTF-8 sequence (U+FFFD) until it completes.
             if !t.ends_with('\u{FFFD}') || row.tokens.len() >= job.max_tokens || cache_full {
                 row.text = t;
@@ -730,12 +856,21 @@ impl Worker {
             let hit = p
                 .stop
                 .iter()
-                .filter_map(|s| row.text.get(from..).and_then(|t| t.find(s.as_str())).map(|at| (from + at, s)))
+                .filter_map(|s| {
+                    row.text
+                        .get(from..)
+                        .and_then(|t| t.find(s.as_str()))
+                        .map(|at| (from + at, s))
+                })
                 .min_by_key(|(at, _)| *at);
             if let Some((at, s)) = hit {
                 let at = at.max(row.emitted);
                 let rest = row.text.get(row.emitted..at).unwrap_or("").to_string();
-                return RowOutcome::Done(FinishReason::Stop, Some(StopReason::Text(s.clone())), rest);
+                return RowOutcome::Done(
+                    FinishReason::Stop,
+                    Some(StopReason::Text(s.clone())),
+                    rest,
+                );
             }
         }
         if row.tokens.len() >= job.max_tokens || cache_full {

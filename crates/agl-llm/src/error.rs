@@ -31,7 +31,9 @@ pub enum LlmError {
         architecture: String,
     },
     /// `--model` names neither a known model, a GGUF file nor a model directory.
-    #[error("model `{0}` not found: give a known name (see `agl model list`), a .gguf file or a Hugging Face model directory")]
+    #[error(
+        "model `{0}` not found: give a known name (see `agl model list`), a .gguf file or a Hugging Face model directory"
+    )]
     ModelNotFound(String),
     /// The tokenizer could not be built or failed on input.
     #[error("tokenizer: {0}")]
@@ -51,7 +53,9 @@ pub enum LlmError {
         message: String,
     },
     /// The prompt plus at least one new token does not fit the model's context.
-    #[error("this model's maximum context length is {max_context} tokens; the prompt has {prompt_tokens} tokens")]
+    #[error(
+        "this model's maximum context length is {max_context} tokens; the prompt has {prompt_tokens} tokens"
+    )]
     ContextLength {
         /// Tokens in the prompt.
         prompt_tokens: usize,
@@ -80,17 +84,26 @@ pub enum LlmError {
 impl LlmError {
     /// An [`LlmError::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// An [`LlmError::ModelFile`] for `path`.
     pub fn model_file(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Self::ModelFile { path: path.into(), message: message.into() }
+        Self::ModelFile {
+            path: path.into(),
+            message: message.into(),
+        }
     }
 
     /// An [`LlmError::InvalidRequest`].
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::InvalidRequest { param: param.into(), message: message.into() }
+        Self::InvalidRequest {
+            param: param.into(),
+            message: message.into(),
+        }
     }
 }
 

@@ -27,7 +27,10 @@ pub mod model;
 pub mod sampling;
 pub mod tokenizer;
 
-pub use engine::{Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, Generation, StopReason, Stream, TokenLogprob};
+pub use engine::{
+    Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, Generation, StopReason,
+    Stream, TokenLogprob,
+};
 pub use error::{LlmError, Result};
 pub use loader::{LoadedModel, ModelFiles, WeightFormat, load};
 pub use lora::{LoraAdapter, LoraConfig, Target};

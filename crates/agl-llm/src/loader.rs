@@ -82,44 +82,125 @@ pub fn load_gguf(path: &Path, device: &Device, format: WeightFormat) -> Result<L
             .tensor(file, name, device)
             .map_err(|e| LlmError::model_file(path, format!("tensor {name}: {e}")))
     };
-    let mut put = |hf: String, q: QTensor, permute_heads: Option<usize>, _linear: bool| -> Result<()> {
-        let t = q.dequantize(device)?;
-        let t = match permute_heads {
-            Some(heads) => unpermute_rows(&t, heads)?,
-            None => t,
+    let mut put =
+        |hf: String, q: QTensor, permute_heads: Option<usize>, _linear: bool| -> Result<()> {
+            let t = q.dequantize(device)?;
+            let t = match permute_heads {
+                Some(heads) => unpermute_rows(&t, heads)?,
+                None => t,
+            };
+            dense.insert(hf, t);
+            Ok(())
         };
-        dense.insert(hf, t);
-        Ok(())
-    };
     // llama.cpp permutes q/k rows of llama models only (qwen2 uses its neox rope as is).
     let permuted = cfg.architecture == Architecture::Llama;
-    put("model.embed_tokens.weight".into(), read(&mut file, "token_embd.weight")?, None, false)?;
-    put("model.norm.weight".into(), read(&mut file, "output_norm.weight")?, None, false)?;
+    put(
+        "model.embed_tokens.weight".into(),
+        read(&mut file, "token_embd.weight")?,
+        None,
+        false,
+    )?;
+    put(
+        "model.norm.weight".into(),
+        read(&mut file, "output_norm.weight")?,
+        None,
+        false,
+    )?;
     if !cfg.tie_word_embeddings {
-        put("lm_head.weight".into(), read(&mut file, "output.weight")?, None, true)?;
+        put(
+            "lm_head.weight".into(),
+            read(&mut file, "output.weight")?,
+            None,
+            true,
+        )?;
     }
     for i in 0..cfg.num_hidden_layers {
         let g = |s: &str| format!("blk.{i}.{s}");
         let h = |s: &str| format!("model.layers.{i}.{s}");
-        put(h("input_layernorm.weight"), read(&mut file, &g("attn_norm.weight"))?, None, false)?;
-        put(h("post_attention_layernorm.weight"), read(&mut file, &g("ffn_norm.weight"))?, None, false)?;
+        put(
+            h("input_layernorm.weight"),
+            read(&mut file, &g("attn_norm.weight"))?,
+            None,
+            false,
+        )?;
+        put(
+            h("post_attention_layernorm.weight"),
+            read(&mut file, &g("ffn_norm.weight"))?,
+            None,
+            false,
+        )?;
         let qh = permuted.then_some(cfg.num_attention_heads);
         let kh = permuted.then_some(cfg.num_key_value_heads);
-        put(h("self_attn.q_proj.weight"), read(&mut file, &g("attn_q.weight"))?, qh, true)?;
-        put(h("self_attn.k_proj.weight"), read(&mut file, &g("attn_k.weight"))?, kh, true)?;
-        put(h("self_attn.v_proj.weight"), read(&mut file, &g("attn_v.weight"))?, None, true)?;
-        put(h("self_attn.o_proj.weight"), read(&mut file, &g("attn_output.weight"))?, None, true)?;
+        put(
+            h("self_attn.q_proj.weight"),
+            read(&mut file, &g("attn_q.weight"))?,
+            qh,
+            true,
+        )?;
+        put(
+            h("self_attn.k_proj.weight"),
+            read(&mut file, &g("attn_k.weight"))?,
+            kh,
+            true,
+        )?;
+        put(
+            h("self_attn.v_proj.weight"),
+            read(&mut file, &g("attn_v.weight"))?,
+            None,
+            true,
+        )?;
+        put(
+            h("self_attn.o_proj.weight"),
+            read(&mut file, &g("attn_output.weight"))?,
+            None,
+            true,
+        )?;
         if cfg.attention_bias {
-            put(h("self_attn.q_proj.bias"), read(&mut file, &g("attn_q.bias"))?, qh, false)?;
-            put(h("self_attn.k_proj.bias"), read(&mut file, &g("attn_k.bias"))?, kh, false)?;
-            put(h("self_attn.v_proj.bias"), read(&mut file, &g("attn_v.bias"))?, None, false)?;
+            put(
+                h("self_attn.q_proj.bias"),
+                read(&mut file, &g("attn_q.bias"))?,
+                qh,
+                false,
+            )?;
+            put(
+                h("self_attn.k_proj.bias"),
+                read(&mut file, &g("attn_k.bias"))?,
+                kh,
+                false,
+            )?;
+            put(
+                h("self_attn.v_proj.bias"),
+                read(&mut file, &g("attn_v.bias"))?,
+                None,
+                false,
+            )?;
         }
-        put(h("mlp.gate_proj.weight"), read(&mut file, &g("ffn_gate.weight"))?, None, true)?;
-        put(h("mlp.up_proj.weight"), read(&mut file, &g("ffn_up.weight"))?, None, true)?;
-        put(h("mlp.down_proj.weight"), read(&mut file, &g("ffn_down.weight"))?, None, true)?;
+        put(
+            h("mlp.gate_proj.weight"),
+            read(&mut file, &g("ffn_gate.weight"))?,
+            None,
+            true,
+        )?;
+        put(
+            h("mlp.up_proj.weight"),
+            read(&mut file, &g("ffn_up.weight"))?,
+            None,
+            true,
+        )?;
+        put(
+            h("mlp.down_proj.weight"),
+            read(&mut file, &g("ffn_down.weight"))?,
+            None,
+            true,
+        )?;
     }
     let model = LlamaModel::from_weights(cfg, dense, device, path)?;
-    Ok(LoadedModel { model, tokenizer, chat_template, source: path.to_path_buf() })
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+        source: path.to_path_buf(),
+    })
 }
 
 /// Every tensor's data must lie inside the file: a truncated download is named as such
@@ -133,7 +214,9 @@ fn check_gguf_extent(path: &Path, content: &gguf_file::Content, file_len: u64) -
         if end > file_len {
             return Err(LlmError::model_file(
                 path,
-                format!("truncated: tensor {name} ends at byte {end}, the file has {file_len} bytes"),
+                format!(
+                    "truncated: tensor {name} ends at byte {end}, the file has {file_len} bytes"
+                ),
             ));
         }
     }
@@ -148,7 +231,10 @@ fn unpermute_rows(t: &Tensor, heads: usize) -> Result<Tensor> {
     let out = dims[0];
     let hd = out / heads.max(1);
     let rest: usize = dims[1..].iter().product();
-    let x = t.reshape((heads, hd / 2, 2, rest))?.transpose(1, 2)?.contiguous()?;
+    let x = t
+        .reshape((heads, hd / 2, 2, rest))?
+        .transpose(1, 2)?
+        .contiguous()?;
     Ok(x.reshape(dims)?)
 }
 
@@ -165,7 +251,10 @@ pub fn load_hf_dir(dir: &Path, device: &Device, format: WeightFormat) -> Result<
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(LlmError::model_file(dir, "no *.safetensors weight files in the directory"));
+        return Err(LlmError::model_file(
+            dir,
+            "no *.safetensors weight files in the directory",
+        ));
     }
     let WeightFormat::Dense = format;
     let mut dense = HashMap::new();
@@ -178,36 +267,54 @@ pub fn load_hf_dir(dir: &Path, device: &Device, format: WeightFormat) -> Result<
         }
     }
     let model = LlamaModel::from_weights(cfg, dense, device, dir)?;
-    Ok(LoadedModel { model, tokenizer, chat_template, source: dir.to_path_buf() })
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+        source: dir.to_path_buf(),
+    })
 }
 
 /// A safetensors file starts with an 8-byte header length and a JSON header whose offsets must
 /// fit the file: a truncated file is named as such.
 fn check_safetensors_header(path: &Path) -> Result<()> {
     let mut f = std::fs::File::open(path).map_err(|e| LlmError::io(path, e))?;
-    let len = f.seek(std::io::SeekFrom::End(0)).map_err(|e| LlmError::io(path, e))?;
-    f.seek(std::io::SeekFrom::Start(0)).map_err(|e| LlmError::io(path, e))?;
+    let len = f
+        .seek(std::io::SeekFrom::End(0))
+        .map_err(|e| LlmError::io(path, e))?;
+    f.seek(std::io::SeekFrom::Start(0))
+        .map_err(|e| LlmError::io(path, e))?;
     let mut n = [0u8; 8];
-    f.read_exact(&mut n).map_err(|_| LlmError::model_file(path, "truncated: shorter than a safetensors header"))?;
+    f.read_exact(&mut n)
+        .map_err(|_| LlmError::model_file(path, "truncated: shorter than a safetensors header"))?;
     let header_len = u64::from_le_bytes(n);
     if header_len > len.saturating_sub(8) || header_len > 100 << 20 {
-        return Err(LlmError::model_file(path, "truncated or not a safetensors file (header length past the end)"));
+        return Err(LlmError::model_file(
+            path,
+            "truncated or not a safetensors file (header length past the end)",
+        ));
     }
     let mut header = vec![0u8; header_len as usize];
-    f.read_exact(&mut header).map_err(|e| LlmError::io(path, e))?;
+    f.read_exact(&mut header)
+        .map_err(|e| LlmError::io(path, e))?;
     let json: serde_json::Value = serde_json::from_slice(&header)
         .map_err(|e| LlmError::model_file(path, format!("safetensors header is not JSON: {e}")))?;
     let data_len = len - 8 - header_len;
     if let Some(obj) = json.as_object() {
         for (name, info) in obj {
-            let end = info.get("data_offsets").and_then(|o| o.get(1)).and_then(|e| e.as_u64());
-            if let Some(end) = end {
-                if end > data_len {
-                    return Err(LlmError::model_file(
-                        path,
-                        format!("truncated: tensor {name} ends at data byte {end}, the file has {data_len}"),
-                    ));
-                }
+            let end = info
+                .get("data_offsets")
+                .and_then(|o| o.get(1))
+                .and_then(|e| e.as_u64());
+            if let Some(end) = end
+                && end > data_len
+            {
+                return Err(LlmError::model_file(
+                    path,
+                    format!(
+                        "truncated: tensor {name} ends at data byte {end}, the file has {data_len}"
+                    ),
+                ));
             }
         }
     }

@@ -42,8 +42,15 @@ pub enum Target {
 
 impl Target {
     /// Every target, in the order of the per-layer slots.
-    pub const ALL: [Target; 7] =
-        [Target::Q, Target::K, Target::V, Target::O, Target::Gate, Target::Up, Target::Down];
+    pub const ALL: [Target; 7] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Gate,
+        Target::Up,
+        Target::Down,
+    ];
 
     /// The module's short name in PEFT's `target_modules` (`q_proj`, …).
     pub fn name(self) -> &'static str {
@@ -73,7 +80,9 @@ impl Target {
 
     /// Parses a `target_modules` entry (`q_proj` or `q`).
     pub fn parse(s: &str) -> Option<Target> {
-        Self::ALL.into_iter().find(|t| t.name() == s || t.name().trim_end_matches("_proj") == s)
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s || t.name().trim_end_matches("_proj") == s)
     }
 
     fn slot(self) -> usize {
@@ -125,7 +134,11 @@ impl Default for LoraConfig {
 impl LoraConfig {
     /// The factor `s` applied to `B A`.
     pub fn scale(&self) -> f64 {
-        if self.use_rslora { self.alpha / (self.r as f64).sqrt() } else { self.alpha / self.r as f64 }
+        if self.use_rslora {
+            self.alpha / (self.r as f64).sqrt()
+        } else {
+            self.alpha / self.r as f64
+        }
     }
 }
 
@@ -169,7 +182,10 @@ struct PeftConfigFile {
 
 /// The safetensors key of one factor (`which` is `lora_A` or `lora_B`).
 fn tensor_key(layer: usize, target: Target, which: &str) -> String {
-    format!("base_model.model.model.layers.{layer}.{}.{which}.weight", target.path())
+    format!(
+        "base_model.model.model.layers.{layer}.{}.{which}.weight",
+        target.path()
+    )
 }
 
 impl LoraAdapter {
@@ -190,7 +206,9 @@ impl LoraAdapter {
 
     /// The factors wrapping `target` in layer `layer`, if that module is adapted.
     pub fn get(&self, layer: usize, target: Target) -> Option<&LoraPair> {
-        self.layers.get(layer).and_then(|l| l[target.slot()].as_ref())
+        self.layers
+            .get(layer)
+            .and_then(|l| l[target.slot()].as_ref())
     }
 
     /// Total trainable parameters (elements of every `A` and `B`).
@@ -216,7 +234,10 @@ impl LoraAdapter {
             return Err(LlmError::invalid("r", "the LoRA rank must be at least 1"));
         }
         if config.target_modules.is_empty() {
-            return Err(LlmError::invalid("target_modules", "name at least one module"));
+            return Err(LlmError::invalid(
+                "target_modules",
+                "name at least one module",
+            ));
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut vars = Vec::new();
@@ -226,17 +247,29 @@ impl LoraAdapter {
             for &t in &config.target_modules {
                 let (fan_in, fan_out) = t.dims(model);
                 let bound = 1.0 / (fan_in as f32).sqrt();
-                let a: Vec<f32> = (0..config.r * fan_in).map(|_| rng.random_range(-bound..bound)).collect();
+                let a: Vec<f32> = (0..config.r * fan_in)
+                    .map(|_| rng.random_range(-bound..bound))
+                    .collect();
                 let a = Var::from_tensor(&Tensor::from_vec(a, (config.r, fan_in), device)?)?;
                 let b = Var::zeros((fan_out, config.r), DType::F32, device)?;
-                slots[t.slot()] = Some(LoraPair { a: a.as_tensor().clone(), b: b.as_tensor().clone() });
+                slots[t.slot()] = Some(LoraPair {
+                    a: a.as_tensor().clone(),
+                    b: b.as_tensor().clone(),
+                });
                 vars.push(a);
                 vars.push(b);
             }
             layers.push(slots);
         }
         let scale = config.scale();
-        Ok((Self { config, scale, layers }, vars))
+        Ok((
+            Self {
+                config,
+                scale,
+                layers,
+            },
+            vars,
+        ))
     }
 
     /// Builds an adapter from explicit factors (for tests and tools); every pair must have the
@@ -246,8 +279,9 @@ impl LoraAdapter {
         model: &ModelConfig,
         pairs: HashMap<(usize, Target), LoraPair>,
     ) -> Result<Self> {
-        let mut layers: Vec<[Option<LoraPair>; 7]> =
-            (0..model.num_hidden_layers).map(|_| Default::default()).collect();
+        let mut layers: Vec<[Option<LoraPair>; 7]> = (0..model.num_hidden_layers)
+            .map(|_| Default::default())
+            .collect();
         for ((layer, t), pair) in pairs {
             check_pair(Path::new("(in memory)"), model, &config, layer, t, &pair)?;
             if let Some(slots) = layers.get_mut(layer) {
@@ -255,7 +289,11 @@ impl LoraAdapter {
             }
         }
         let scale = config.scale();
-        Ok(Self { config, scale, layers })
+        Ok(Self {
+            config,
+            scale,
+            layers,
+        })
     }
 
     /// Loads an adapter directory in PEFT's layout for a model of shape `model`.
@@ -265,17 +303,27 @@ impl LoraAdapter {
     /// factor whose shape does not fit the model.
     pub fn load(dir: &Path, model: &ModelConfig, device: &Device) -> Result<Self> {
         let cfg_path = dir.join("adapter_config.json");
-        let adapter_err = |path: &Path, m: String| LlmError::Adapter { path: path.to_path_buf(), message: m };
-        let text = std::fs::read_to_string(&cfg_path).map_err(|e| adapter_err(&cfg_path, e.to_string()))?;
+        let adapter_err = |path: &Path, m: String| LlmError::Adapter {
+            path: path.to_path_buf(),
+            message: m,
+        };
+        let text = std::fs::read_to_string(&cfg_path)
+            .map_err(|e| adapter_err(&cfg_path, e.to_string()))?;
         let file: PeftConfigFile = serde_json::from_str(&text)
             .map_err(|e| adapter_err(&cfg_path, format!("not a PEFT adapter_config.json: {e}")))?;
-        if let Some(kind) = &file.peft_type {
-            if kind != "LORA" {
-                return Err(adapter_err(&cfg_path, format!("peft_type `{kind}` is not LORA")));
-            }
+        if let Some(kind) = &file.peft_type
+            && kind != "LORA"
+        {
+            return Err(adapter_err(
+                &cfg_path,
+                format!("peft_type `{kind}` is not LORA"),
+            ));
         }
         if file.fan_in_fan_out {
-            return Err(adapter_err(&cfg_path, "fan_in_fan_out adapters (GPT-2 Conv1D) are not supported".into()));
+            return Err(adapter_err(
+                &cfg_path,
+                "fan_in_fan_out adapters (GPT-2 Conv1D) are not supported".into(),
+            ));
         }
         let weights_path = dir.join("adapter_model.safetensors");
         let tensors = candle_core::safetensors::load(&weights_path, device)
@@ -292,14 +340,20 @@ impl LoraAdapter {
                         if !targets.contains(&t) {
                             targets.push(t);
                         }
-                        let pair = LoraPair { a: a.to_dtype(DType::F32)?, b: b.to_dtype(DType::F32)? };
+                        let pair = LoraPair {
+                            a: a.to_dtype(DType::F32)?,
+                            b: b.to_dtype(DType::F32)?,
+                        };
                         pairs.insert((layer, t), pair);
                     }
                     (None, None) => {}
                     _ => {
                         return Err(adapter_err(
                             &weights_path,
-                            format!("layer {layer} {} has only one of lora_A and lora_B", t.path()),
+                            format!(
+                                "layer {layer} {} has only one of lora_A and lora_B",
+                                t.path()
+                            ),
                         ));
                     }
                 }
@@ -310,10 +364,16 @@ impl LoraAdapter {
             .filter(|k| k.contains("lora_") && !Target::ALL.iter().any(|t| k.contains(t.path())))
             .collect();
         if let Some(k) = unknown.first() {
-            return Err(adapter_err(&weights_path, format!("tensor `{k}` wraps a module agl cannot adapt")));
+            return Err(adapter_err(
+                &weights_path,
+                format!("tensor `{k}` wraps a module agl cannot adapt"),
+            ));
         }
         if pairs.is_empty() {
-            return Err(adapter_err(&weights_path, "no lora_A/lora_B tensors for this model's layers".into()));
+            return Err(adapter_err(
+                &weights_path,
+                "no lora_A/lora_B tensors for this model's layers".into(),
+            ));
         }
         targets.sort();
         let config = LoraConfig {
@@ -323,14 +383,19 @@ impl LoraAdapter {
             use_rslora: file.use_rslora,
             base_model: file.base_model_name_or_path,
         };
-        let mut layers: Vec<[Option<LoraPair>; 7]> =
-            (0..model.num_hidden_layers).map(|_| Default::default()).collect();
+        let mut layers: Vec<[Option<LoraPair>; 7]> = (0..model.num_hidden_layers)
+            .map(|_| Default::default())
+            .collect();
         for ((layer, t), pair) in pairs {
             check_pair(&weights_path, model, &config, layer, t, &pair)?;
             layers[layer][t.slot()] = Some(pair);
         }
         let scale = config.scale();
-        Ok(Self { config, scale, layers })
+        Ok(Self {
+            config,
+            scale,
+            layers,
+        })
     }
 
     /// Writes the adapter in PEFT's layout into `dir` (created if needed). Both files are
@@ -348,9 +413,16 @@ impl LoraAdapter {
         }
         let weights = dir.join("adapter_model.safetensors");
         let tmp_weights = tmp_name(&weights);
-        candle_core::safetensors::save(&tensors, &tmp_weights)
-            .map_err(|e| LlmError::Adapter { path: tmp_weights.clone(), message: e.to_string() })?;
-        let names: Vec<&str> = self.config.target_modules.iter().map(|t| t.name()).collect();
+        candle_core::safetensors::save(&tensors, &tmp_weights).map_err(|e| LlmError::Adapter {
+            path: tmp_weights.clone(),
+            message: e.to_string(),
+        })?;
+        let names: Vec<&str> = self
+            .config
+            .target_modules
+            .iter()
+            .map(|t| t.name())
+            .collect();
         let cfg = serde_json::json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -368,8 +440,10 @@ impl LoraAdapter {
         });
         let cfg_path = dir.join("adapter_config.json");
         let tmp_cfg = tmp_name(&cfg_path);
-        let text = serde_json::to_string_pretty(&cfg)
-            .map_err(|e| LlmError::Adapter { path: cfg_path.clone(), message: e.to_string() })?;
+        let text = serde_json::to_string_pretty(&cfg).map_err(|e| LlmError::Adapter {
+            path: cfg_path.clone(),
+            message: e.to_string(),
+        })?;
         std::fs::write(&tmp_cfg, text).map_err(|e| LlmError::io(&tmp_cfg, e))?;
         std::fs::rename(&tmp_weights, &weights).map_err(|e| LlmError::io(&weights, e))?;
         std::fs::rename(&tmp_cfg, &cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
@@ -378,7 +452,10 @@ impl LoraAdapter {
 }
 
 fn tmp_name(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(format!(".tmp-{}", std::process::id()));
     path.with_file_name(name)
 }
@@ -396,7 +473,10 @@ fn find_factor<'a>(
         return Some(x);
     }
     let suffix = format!("layers.{layer}.{}.{which}.", t.path());
-    tensors.iter().find(|(k, _)| k.contains(&suffix) && k.ends_with(".weight")).map(|(_, v)| v)
+    tensors
+        .iter()
+        .find(|(k, _)| k.contains(&suffix) && k.ends_with(".weight"))
+        .map(|(_, v)| v)
 }
 
 fn check_pair(

@@ -19,8 +19,8 @@
 //! Not responsible for reading files ([`crate::loader`]), sampling decisions
 //! ([`crate::sampling`]) or scheduling ([`crate::engine`]).
 
-use std::collections::HashMap;
 use candle_core::{D, DType, Device, Tensor};
+use std::collections::HashMap;
 
 use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
@@ -53,7 +53,11 @@ impl Linear {
         // For a few rows, `W xᵀ` is faster with candle's gemm (1.4-2x at 8 rows here); for
         // many rows (prefill, training) `x Wᵀ` is.
         let w = &self.weight;
-        let y = if x.dim(0)? <= SKINNY_ROWS { w.matmul(&x.t()?)?.t()?.contiguous()? } else { x.matmul(&w.t()?)? };
+        let y = if x.dim(0)? <= SKINNY_ROWS {
+            w.matmul(&x.t()?)?.t()?.contiguous()?
+        } else {
+            x.matmul(&w.t()?)?
+        };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -70,7 +74,10 @@ impl Linear {
     /// This layer with `s · B A` added to its (dense) weight: LoRA merged for serving.
     fn merged(&self, pair: &LoraPair, scale: f64) -> Result<Self> {
         let delta = (pair.b.matmul(&pair.a)? * scale)?;
-        Ok(Self { weight: (&self.weight + delta)?, bias: self.bias.clone() })
+        Ok(Self {
+            weight: (&self.weight + delta)?,
+            bias: self.bias.clone(),
+        })
     }
 }
 
@@ -124,7 +131,13 @@ impl KvCache {
             k.push(Tensor::zeros(shape, DType::F32, device)?);
             v.push(Tensor::zeros(shape, DType::F32, device)?);
         }
-        Ok(Self { k, v, len: 0, capacity, rows })
+        Ok(Self {
+            k,
+            v,
+            len: 0,
+            capacity,
+            rows,
+        })
     }
 
     /// Positions filled.
@@ -149,7 +162,11 @@ impl KvCache {
 
     /// Bytes of keys and values held (allocated capacity, f32).
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|t| t.elem_count() * 4).sum()
+        self.k
+            .iter()
+            .chain(&self.v)
+            .map(|t| t.elem_count() * 4)
+            .sum()
     }
 
     /// A copy of row 0 repeated `rows` times: a prompt prefilled once becomes a group.
@@ -173,7 +190,11 @@ impl KvCache {
             return Ok(());
         }
         let idx: Vec<u32> = keep.iter().map(|&i| i as u32).collect();
-        let device = self.k.first().map(|t| t.device().clone()).unwrap_or(Device::Cpu);
+        let device = self
+            .k
+            .first()
+            .map(|t| t.device().clone())
+            .unwrap_or(Device::Cpu);
         let idx = Tensor::new(idx.as_slice(), &device)?;
         for t in self.k.iter_mut().chain(self.v.iter_mut()) {
             *t = t.index_select(&idx, 0)?.contiguous()?;
@@ -189,7 +210,10 @@ impl KvCache {
     }
 
     fn view(&self, layer: usize, len: usize) -> Result<(Tensor, Tensor)> {
-        Ok((self.k[layer].narrow(2, 0, len)?, self.v[layer].narrow(2, 0, len)?))
+        Ok((
+            self.k[layer].narrow(2, 0, len)?,
+            self.v[layer].narrow(2, 0, len)?,
+        ))
     }
 }
 
@@ -242,7 +266,12 @@ impl LlamaModel {
                 .ok_or_else(|| LlmError::model_file(source, format!("missing tensor {name}")))
         };
         let embed = take_dense("model.embed_tokens.weight")?;
-        check_shape(source, "model.embed_tokens.weight", &embed, &[cfg.vocab_size, cfg.hidden_size])?;
+        check_shape(
+            source,
+            "model.embed_tokens.weight",
+            &embed,
+            &[cfg.vocab_size, cfg.hidden_size],
+        )?;
         let norm = take_dense("model.norm.weight")?;
         let q_out = cfg.num_attention_heads * cfg.head_dim;
         let kv_out = cfg.num_key_value_heads * cfg.head_dim;
@@ -255,7 +284,11 @@ impl LlamaModel {
                 let name = format!("{p}.{module}.weight");
                 let weight = take_dense(&name)?;
                 check_shape(source, &name, &weight, &[out, inp])?;
-                let bias = if bias { Some(take_dense(&format!("{p}.{module}.bias"))?) } else { None };
+                let bias = if bias {
+                    Some(take_dense(&format!("{p}.{module}.bias"))?)
+                } else {
+                    None
+                };
                 Ok(Linear { weight, bias })
             };
             let b = cfg.attention_bias;
@@ -273,17 +306,30 @@ impl LlamaModel {
             });
         }
         let lm_head = if cfg.tie_word_embeddings {
-            Linear { weight: embed.clone(), bias: None }
+            Linear {
+                weight: embed.clone(),
+                bias: None,
+            }
         } else {
             let w = take_dense("lm_head.weight")?;
-            check_shape(source, "lm_head.weight", &w, &[cfg.vocab_size, cfg.hidden_size])?;
-            Linear { weight: w, bias: None }
+            check_shape(
+                source,
+                "lm_head.weight",
+                &w,
+                &[cfg.vocab_size, cfg.hidden_size],
+            )?;
+            Linear {
+                weight: w,
+                bias: None,
+            }
         };
         let inv_freq = cfg.rope_inv_freq();
         let half = inv_freq.len();
         let positions = cfg.max_position_embeddings;
         let inv = Tensor::from_vec(inv_freq, (1, half), device)?;
-        let t = Tensor::arange(0u32, positions as u32, device)?.to_dtype(DType::F32)?.reshape((positions, 1))?;
+        let t = Tensor::arange(0u32, positions as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((positions, 1))?;
         let freqs = t.broadcast_mul(&inv)?;
         Ok(Self {
             cos: freqs.cos()?.contiguous()?,
@@ -349,7 +395,10 @@ impl LlamaModel {
     pub fn token_logprobs(&self, tokens: &Tensor, adapter: Option<&LoraAdapter>) -> Result<Tensor> {
         let (b, t) = tokens.dims2()?;
         if t < 2 {
-            return Err(LlmError::invalid("tokens", "need at least two tokens to score a next token"));
+            return Err(LlmError::invalid(
+                "tokens",
+                "need at least two tokens to score a next token",
+            ));
         }
         let logits = self.forward_logits(tokens, adapter)?.narrow(1, 0, t - 1)?;
         let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
@@ -359,12 +408,20 @@ impl LlamaModel {
 
     /// Prefills `tokens` (one prompt) into the empty single-row `cache` and returns the
     /// logits of the last position, `[vocab]`.
-    pub fn prefill(&self, tokens: &[u32], cache: &mut KvCache, adapter: Option<&LoraAdapter>) -> Result<Tensor> {
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        adapter: Option<&LoraAdapter>,
+    ) -> Result<Tensor> {
         if tokens.is_empty() {
             return Err(LlmError::invalid("prompt", "the prompt has no tokens"));
         }
         if cache.rows() != 1 || cache.len() + tokens.len() > cache.capacity() {
-            return Err(LlmError::invalid("prompt", "the cache cannot hold this prompt"));
+            return Err(LlmError::invalid(
+                "prompt",
+                "the cache cannot hold this prompt",
+            ));
         }
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let start = cache.len();
@@ -377,7 +434,11 @@ impl LlamaModel {
     /// One decoding step for several groups at once: every row's newest token goes through the
     /// model, the linear layers batched over all rows, attention per group over its own
     /// cache. Returns `[total rows, vocab]` logits in group order; each cache grows by one.
-    pub fn decode(&self, groups: &mut [DecodeGroup<'_>], adapter: Option<&LoraAdapter>) -> Result<Tensor> {
+    pub fn decode(
+        &self,
+        groups: &mut [DecodeGroup<'_>],
+        adapter: Option<&LoraAdapter>,
+    ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let mut ids = Vec::new();
         for g in groups.iter() {
@@ -392,7 +453,11 @@ impl LlamaModel {
         let n = ids.len();
         let ids = Tensor::new(ids.as_slice(), &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let (h, kvh, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
         for (layer, block) in self.blocks.iter().enumerate() {
             let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
             let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, Ops::Fused)?;
@@ -404,9 +469,18 @@ impl LlamaModel {
             for g in groups.iter() {
                 let r = g.cache.rows();
                 let pos = g.cache.len();
-                let qg = q.narrow(0, row, r)?.reshape((r, 1, h, hd))?.transpose(1, 2)?;
-                let kg = k.narrow(0, row, r)?.reshape((r, 1, kvh, hd))?.transpose(1, 2)?;
-                let vg = v.narrow(0, row, r)?.reshape((r, 1, kvh, hd))?.transpose(1, 2)?;
+                let qg = q
+                    .narrow(0, row, r)?
+                    .reshape((r, 1, h, hd))?
+                    .transpose(1, 2)?;
+                let kg = k
+                    .narrow(0, row, r)?
+                    .reshape((r, 1, kvh, hd))?
+                    .transpose(1, 2)?;
+                let vg = v
+                    .narrow(0, row, r)?
+                    .reshape((r, 1, kvh, hd))?
+                    .transpose(1, 2)?;
                 let cos = self.cos.narrow(0, pos, 1)?;
                 let sin = self.sin.narrow(0, pos, 1)?;
                 let qg = rope(&qg, &cos, &sin, Ops::Fused)?;
@@ -430,7 +504,14 @@ impl LlamaModel {
         Ok(logits)
     }
 
-    fn mlp(&self, block: &Block, x: &Tensor, layer: usize, adapter: Option<&LoraAdapter>, ops: Ops) -> Result<Tensor> {
+    fn mlp(
+        &self,
+        block: &Block,
+        x: &Tensor,
+        layer: usize,
+        adapter: Option<&LoraAdapter>,
+        ops: Ops,
+    ) -> Result<Tensor> {
         let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
         let hn = rms_norm(x, &block.mlp_norm, self.cfg.rms_norm_eps, ops)?;
         let gate = block.gate.forward(&hn, lora(Target::Gate))?.silu()?;
@@ -456,18 +537,38 @@ impl LlamaModel {
                 max_context: cfg.max_position_embeddings,
             });
         }
-        let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let (h, kvh, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
         let flat = tokens.flatten_all()?;
         let mut x = self.embed.index_select(&flat, 0)?;
         let cos = self.cos.narrow(0, start, t)?;
         let sin = self.sin.narrow(0, start, t)?;
-        let mask = if t > 1 { Some(causal_mask(t, start, &self.device)?) } else { None };
+        let mask = if t > 1 {
+            Some(causal_mask(t, start, &self.device)?)
+        } else {
+            None
+        };
         for (layer, block) in self.blocks.iter().enumerate() {
             let lora = |tg: Target| adapter.and_then(|a| a.get(layer, tg).map(|p| (p, a.scale())));
             let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, ops)?;
-            let q = block.q.forward(&hn, lora(Target::Q))?.reshape((b, t, h, hd))?.transpose(1, 2)?;
-            let k = block.k.forward(&hn, lora(Target::K))?.reshape((b, t, kvh, hd))?.transpose(1, 2)?;
-            let v = block.v.forward(&hn, lora(Target::V))?.reshape((b, t, kvh, hd))?.transpose(1, 2)?;
+            let q = block
+                .q
+                .forward(&hn, lora(Target::Q))?
+                .reshape((b, t, h, hd))?
+                .transpose(1, 2)?;
+            let k = block
+                .k
+                .forward(&hn, lora(Target::K))?
+                .reshape((b, t, kvh, hd))?
+                .transpose(1, 2)?;
+            let v = block
+                .v
+                .forward(&hn, lora(Target::V))?
+                .reshape((b, t, kvh, hd))?
+                .transpose(1, 2)?;
             let q = rope(&q, &cos, &sin, ops)?;
             let k = rope(&k, &cos, &sin, ops)?;
             let (k, v) = match &cache {
@@ -490,7 +591,10 @@ fn check_shape(source: &std::path::Path, name: &str, t: &Tensor, want: &[usize])
     if t.dims() != want {
         return Err(LlmError::model_file(
             source,
-            format!("tensor {name} has shape {:?}, the config needs {want:?}", t.dims()),
+            format!(
+                "tensor {name} has shape {:?}, the config needs {want:?}",
+                t.dims()
+            ),
         ));
     }
     Ok(())
@@ -529,7 +633,15 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
 fn causal_mask(t: usize, start: usize, device: &Device) -> Result<Tensor> {
     let total = start + t;
     let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..total).map(move |j| {
+                if j <= start + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     Ok(Tensor::from_vec(mask, (t, total), device)?)
 }
@@ -537,14 +649,24 @@ fn causal_mask(t: usize, start: usize, device: &Device) -> Result<Tensor> {
 /// Grouped-query attention. `q: [b, heads, t, hd]`, `k`/`v: [b, kv_heads, l, hd]`, mask
 /// `[t, l]` → `[b, t, heads · hd]`. Query heads `j·groups .. (j+1)·groups` share kv head `j`
 /// (Hugging Face's `repeat_kv` order); the kv heads are never copied.
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, groups: usize, ops: Ops) -> Result<Tensor> {
+fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    groups: usize,
+    ops: Ops,
+) -> Result<Tensor> {
     let (b, h, t, hd) = q.dims4()?;
     let (_, kvh, l, _) = k.dims4()?;
     let scale = 1.0 / (hd as f64).sqrt();
     let q = q.contiguous()?.reshape((b, kvh, groups * t, hd))?;
     let scores = (q.matmul(&k.t()?)? * scale)?;
     let scores = match mask {
-        Some(m) => scores.reshape((b, kvh, groups, t, l))?.broadcast_add(m)?.reshape((b, kvh, groups * t, l))?,
+        Some(m) => scores
+            .reshape((b, kvh, groups, t, l))?
+            .broadcast_add(m)?
+            .reshape((b, kvh, groups * t, l))?,
         None => scores,
     };
     let probs = match ops {
@@ -552,5 +674,8 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, groups: usi
         Ops::Differentiable => candle_nn::ops::softmax(&scores, D::Minus1)?,
     };
     let out = probs.matmul(&v.contiguous()?)?; // [b, kvh, groups * t, hd]
-    Ok(out.reshape((b, h, t, hd))?.transpose(1, 2)?.reshape((b, t, h * hd))?)
+    Ok(out
+        .reshape((b, h, t, hd))?
+        .transpose(1, 2)?
+        .reshape((b, t, h * hd))?)
 }

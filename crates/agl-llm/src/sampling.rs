@@ -49,6 +49,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// OpenAI's frequency penalty, `-2..=2`: subtracted per previous occurrence.
     pub frequency_penalty: f32,
+    /// Leave special tokens (`<|im_end|>`, …) out of the text (vLLM's `skip_special_tokens`,
+    /// default true). The token ids always include them.
+    pub skip_special_tokens: bool,
 }
 
 impl Default for SamplingParams {
@@ -66,6 +69,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            skip_special_tokens: true,
         }
     }
 }
@@ -74,29 +78,47 @@ impl SamplingParams {
     /// Checks ranges; the error names the parameter as OpenAI's API does.
     pub fn validate(&self) -> Result<()> {
         if !(0.0..=2.0).contains(&self.temperature) || self.temperature.is_nan() {
-            return Err(LlmError::invalid("temperature", format!("{} is not in [0, 2]", self.temperature)));
+            return Err(LlmError::invalid(
+                "temperature",
+                format!("{} is not in [0, 2]", self.temperature),
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(LlmError::invalid("top_p", format!("{} is not in (0, 1]", self.top_p)));
+            return Err(LlmError::invalid(
+                "top_p",
+                format!("{} is not in (0, 1]", self.top_p),
+            ));
         }
         if self.n == 0 || self.n > 128 {
-            return Err(LlmError::invalid("n", format!("{} is not in [1, 128]", self.n)));
+            return Err(LlmError::invalid(
+                "n",
+                format!("{} is not in [1, 128]", self.n),
+            ));
         }
         if self.max_tokens == Some(0) {
             return Err(LlmError::invalid("max_tokens", "must be at least 1"));
         }
-        if let Some(k) = self.logprobs {
-            if k > MAX_TOP_LOGPROBS {
-                return Err(LlmError::invalid("top_logprobs", format!("{k} is more than {MAX_TOP_LOGPROBS}")));
-            }
+        if let Some(k) = self.logprobs
+            && k > MAX_TOP_LOGPROBS
+        {
+            return Err(LlmError::invalid(
+                "top_logprobs",
+                format!("{k} is more than {MAX_TOP_LOGPROBS}"),
+            ));
         }
-        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
             if !(-2.0..=2.0).contains(&v) || v.is_nan() {
                 return Err(LlmError::invalid(name, format!("{v} is not in [-2, 2]")));
             }
         }
         if self.stop.len() > 16 || self.stop.iter().any(|s| s.is_empty()) {
-            return Err(LlmError::invalid("stop", "give at most 16 non-empty stop strings"));
+            return Err(LlmError::invalid(
+                "stop",
+                "give at most 16 non-empty stop strings",
+            ));
         }
         Ok(())
     }
@@ -128,7 +150,12 @@ pub struct Sampled {
 /// Chooses the next token from `logits` (`[vocab]`, raw). `counts[t]` is how often token `t`
 /// was generated so far in this completion (for the penalties; may be empty when both
 /// penalties are 0).
-pub fn sample(logits: &[f32], params: &SamplingParams, counts: &[u32], rng: &mut ChaCha8Rng) -> Result<Sampled> {
+pub fn sample(
+    logits: &[f32],
+    params: &SamplingParams,
+    counts: &[u32],
+    rng: &mut ChaCha8Rng,
+) -> Result<Sampled> {
     if logits.is_empty() {
         return Err(LlmError::invalid("logits", "empty"));
     }
@@ -140,10 +167,10 @@ pub fn sample(logits: &[f32], params: &SamplingParams, counts: &[u32], rng: &mut
     let adjusted: std::borrow::Cow<'_, [f32]> = if penalised && !counts.is_empty() {
         let mut v = logits.to_vec();
         for (t, &c) in counts.iter().enumerate() {
-            if c > 0 {
-                if let Some(x) = v.get_mut(t) {
-                    *x -= params.presence_penalty + params.frequency_penalty * c as f32;
-                }
+            if c > 0
+                && let Some(x) = v.get_mut(t)
+            {
+                *x -= params.presence_penalty + params.frequency_penalty * c as f32;
             }
         }
         std::borrow::Cow::Owned(v)
@@ -157,10 +184,17 @@ pub fn sample(logits: &[f32], params: &SamplingParams, counts: &[u32], rng: &mut
         draw(&adjusted, params, rng)
     };
     let top = match params.logprobs {
-        Some(k) if k > 0 => top_k_indices(logits, k).into_iter().map(|i| (i as u32, logits[i] - lse)).collect(),
+        Some(k) if k > 0 => top_k_indices(logits, k)
+            .into_iter()
+            .map(|i| (i as u32, logits[i] - lse))
+            .collect(),
         _ => Vec::new(),
     };
-    Ok(Sampled { token: token as u32, logprob: logits[token] - lse, top })
+    Ok(Sampled {
+        token: token as u32,
+        logprob: logits[token] - lse,
+        top,
+    })
 }
 
 fn argmax(v: &[f32]) -> usize {
@@ -200,8 +234,12 @@ fn draw(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> usize 
     let full = candidates.is_empty();
     let count = if full { logits.len() } else { candidates.len() };
     let at = |j: usize| if full { j } else { candidates[j] };
-    let max = (0..count).map(|j| logits[at(j)]).fold(f32::NEG_INFINITY, f32::max);
-    let mut weights: Vec<f32> = (0..count).map(|j| ((logits[at(j)] - max) * inv_t).exp()).collect();
+    let max = (0..count)
+        .map(|j| logits[at(j)])
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut weights: Vec<f32> = (0..count)
+        .map(|j| ((logits[at(j)] - max) * inv_t).exp())
+        .collect();
     let total: f32 = weights.iter().sum();
     let mut keep = count;
     if params.top_p < 1.0 && !full {
@@ -235,7 +273,11 @@ mod tests {
     #[test]
     fn greedy_picks_argmax_and_reports_raw_logprob() {
         let logits = [0.0f32, 2.0, 1.0];
-        let p = SamplingParams { temperature: 0.0, logprobs: Some(2), ..Default::default() };
+        let p = SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(2),
+            ..Default::default()
+        };
         let s = sample(&logits, &p, &[], &mut p.rng(0)).unwrap();
         assert_eq!(s.token, 1);
         let lse = (1f32 + 2f32.exp() + 1f32.exp()).ln();
@@ -246,10 +288,15 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_streams_differ_per_index() {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = SamplingParams { seed: Some(7), ..Default::default() };
+        let p = SamplingParams {
+            seed: Some(7),
+            ..Default::default()
+        };
         let run = |index| {
             let mut rng = p.rng(index);
-            (0..50).map(|_| sample(&logits, &p, &[], &mut rng).unwrap().token).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| sample(&logits, &p, &[], &mut rng).unwrap().token)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(0), run(0));
         assert_ne!(run(0), run(1));
@@ -258,12 +305,20 @@ mod tests {
     #[test]
     fn top_k_and_top_p_never_sample_outside_the_nucleus() {
         let logits = [5.0f32, 4.9, 0.0, -1.0, -2.0];
-        let p = SamplingParams { top_k: 2, seed: Some(1), ..Default::default() };
+        let p = SamplingParams {
+            top_k: 2,
+            seed: Some(1),
+            ..Default::default()
+        };
         let mut rng = p.rng(0);
         for _ in 0..200 {
             assert!(sample(&logits, &p, &[], &mut rng).unwrap().token < 2);
         }
-        let p = SamplingParams { top_p: 0.5, seed: Some(1), ..Default::default() };
+        let p = SamplingParams {
+            top_p: 0.5,
+            seed: Some(1),
+            ..Default::default()
+        };
         let mut rng = p.rng(0);
         for _ in 0..200 {
             assert_eq!(sample(&logits, &p, &[], &mut rng).unwrap().token, 0);
@@ -273,7 +328,11 @@ mod tests {
     #[test]
     fn penalties_change_the_choice_not_the_reported_logprob() {
         let logits = [1.0f32, 0.9];
-        let p = SamplingParams { temperature: 0.0, frequency_penalty: 1.0, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 0.0,
+            frequency_penalty: 1.0,
+            ..Default::default()
+        };
         let s = sample(&logits, &p, &[1, 0], &mut p.rng(0)).unwrap();
         assert_eq!(s.token, 1);
         let lse = (1f32.exp() + 0.9f32.exp()).ln();
@@ -282,9 +341,20 @@ mod tests {
 
     #[test]
     fn validation_names_the_parameter() {
-        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
         assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
-        let bad = SamplingParams { logprobs: Some(21), ..Default::default() };
-        assert!(bad.validate().unwrap_err().to_string().contains("top_logprobs"));
+        let bad = SamplingParams {
+            logprobs: Some(21),
+            ..Default::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("top_logprobs")
+        );
     }
 }

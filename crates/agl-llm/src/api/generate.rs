@@ -57,13 +57,6 @@ pub(crate) fn sampling(
     max_tokens: Option<usize>,
     logprobs: Option<usize>,
 ) -> Result<SamplingParams, ApiError> {
-    if c.skip_special_tokens == Some(false) {
-        return Err(ApiError::unsupported(
-            "skip_special_tokens",
-            "`skip_special_tokens: false` is not supported: the text always leaves special tokens out \
-             (`return_token_ids` gives every token id)",
-        ));
-    }
     let top_k = match c.top_k {
         None | Some(0) | Some(-1) => 0,
         Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
@@ -87,6 +80,7 @@ pub(crate) fn sampling(
         ignore_eos: c.ignore_eos.unwrap_or(false),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
     };
     params
         .validate()

@@ -229,11 +229,7 @@ pub(crate) fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Resu
             let param = inner.split('`').nth(1).map(str::to_string);
             ApiError::bad_request("invalid_type", param.as_deref(), inner)
         } else {
-            ApiError::bad_request(
-                "invalid_type",
-                Some(&path),
-                format!("`{path}`: {inner}"),
-            )
+            ApiError::bad_request("invalid_type", Some(&path), format!("`{path}`: {inner}"))
         }
     })
 }

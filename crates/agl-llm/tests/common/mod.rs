@@ -45,6 +45,11 @@ pub fn chat_prompt(lm: &LoadedModel, user: &str) -> Vec<u32> {
         serde_json::json!({"role": "system", "content": "You write SQLite queries. Answer with one SQL statement."}),
         serde_json::json!({"role": "user", "content": user}),
     ];
-    let text = lm.chat_template.as_ref().unwrap().render(&messages, None, true).unwrap();
+    let text = lm
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(&messages, None, true)
+        .unwrap();
     lm.tokenizer.encode(&text, false).unwrap()
 }

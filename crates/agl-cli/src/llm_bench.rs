@@ -1,0 +1,374 @@
+//! `agl bench llm`: throughput and latency of the built-in engine on real prompts (Spider dev
+//! questions with their schema, rendered by the model's chat template), side by side in the
+//! same run with llama.cpp (through llama-cpp-python) on the same GGUF, prompt and thread count.
+//!
+//! Measured (tokens are model tokens; rates are per wall-clock second):
+//! * **prefill**: prompt tokens / time to first token of a 1-token request, per prompt;
+//! * **decode, batch 1**: tokens after the first / time after the first, one greedy request;
+//! * **decode, group of 8**: one request with `n = 8` (a GRPO group), all rows' tokens after
+//!   the first token / time after the first token;
+//! * **32 concurrent requests**: 32 different prompts submitted at once, every generated token
+//!   / wall time from submission to the last token (prefills included);
+//! * **time to first token** of a batch-1 request, and the process's **peak RSS**.
+//!
+//! Every decode ignores the end-of-sequence token so that each run generates exactly
+//! `--decode-tokens` tokens per row.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use agl_llm::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams};
+use anyhow::Context;
+use clap::Args;
+use serde::Serialize;
+
+/// Arguments of `agl bench llm`.
+#[derive(Debug, Args)]
+pub struct LlmBenchArgs {
+    /// Model name, GGUF file or Hugging Face model directory.
+    #[arg(long, default_value = "smollm2-135m-instruct")]
+    model: String,
+    /// Tokens generated per row in each decode measurement.
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+    /// Measured repetitions of each single-request measurement (the best is reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Spider data directory [default: the vendored data/spider].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// Python interpreter with llama-cpp-python installed (scripts/bench-llm.sh makes one);
+    /// without it llama.cpp's column is left out.
+    #[arg(long, value_name = "PYTHON")]
+    llama_cpp_python: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Our side of the comparison.
+#[derive(Debug, Serialize)]
+struct Ours {
+    threads: usize,
+    prompt_tokens: usize,
+    prefill_tokens_per_s: f64,
+    decode_batch1_tokens_per_s: f64,
+    decode_group8_tokens_per_s: f64,
+    concurrent32_tokens_per_s: f64,
+    ttft_s: f64,
+    peak_rss_mib: f64,
+}
+
+/// llama.cpp's side (from scripts/llm/bench_llama_cpp.py).
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct LlamaCpp {
+    engine: String,
+    threads: usize,
+    prompt_tokens: usize,
+    prefill_tokens_per_s: f64,
+    decode_batch1_tokens_per_s: f64,
+    ttft_s: f64,
+    peak_rss_mib: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    model: String,
+    source: String,
+    agl: Ours,
+    llama_cpp: Option<LlamaCpp>,
+    /// agl group-of-8 decode / llama.cpp batch-1 decode (target ≥ 3).
+    ratio_group8_vs_llama_cpp_batch1: Option<f64>,
+    /// llama.cpp batch-1 decode / agl batch-1 decode (target ≤ 2).
+    slowdown_batch1_vs_llama_cpp: Option<f64>,
+}
+
+/// Timing of one request: time to first token, time of the last, tokens per row.
+struct Timing {
+    ttft: f64,
+    total: f64,
+    tokens: usize,
+}
+
+fn run_request(
+    engine: &Engine,
+    prompt: &[u32],
+    n: usize,
+    max_tokens: usize,
+) -> anyhow::Result<Timing> {
+    let params = SamplingParams {
+        temperature: if n > 1 { 1.0 } else { 0.0 },
+        n,
+        seed: Some(0),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let mut stream = engine.submit(GenerateRequest {
+        model: None,
+        prompt: prompt.to_vec(),
+        params,
+    })?;
+    let mut ttft = None;
+    let mut tokens = 0;
+    let mut finished = 0;
+    while let Some(ev) = stream.events.blocking_recv() {
+        match ev {
+            Event::Token { .. } => {
+                ttft.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                tokens += 1;
+            }
+            Event::Finished { .. } => {
+                finished += 1;
+                if finished == n {
+                    break;
+                }
+            }
+            Event::Error(m) => anyhow::bail!("generation failed: {m}"),
+        }
+    }
+    Ok(Timing {
+        ttft: ttft.unwrap_or(0.0),
+        total: t0.elapsed().as_secs_f64(),
+        tokens,
+    })
+}
+
+/// Peak resident set size of this process (`VmHWM` in `/proc/self/status`; 0 where absent).
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+        })
+        .map(|kib| kib / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// Runs `agl bench llm`.
+pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
+    let home = agl_llm::hub::agl_home();
+    let location = agl_llm::hub::resolve(&args.model, &home)?;
+    let files = match location {
+        agl_llm::hub::ModelLocation::Gguf(p) => agl_llm::ModelFiles::Gguf(p),
+        agl_llm::hub::ModelLocation::HfDir(p) => agl_llm::ModelFiles::HfDir(p),
+    };
+    let source = match &files {
+        agl_llm::ModelFiles::Gguf(p) | agl_llm::ModelFiles::HfDir(p) => p.display().to_string(),
+    };
+    eprintln!("loading {source} …");
+    let loaded = agl_llm::load(
+        &files,
+        &candle_core::Device::Cpu,
+        agl_llm::WeightFormat::Dense,
+    )?;
+    let template = loaded
+        .chat_template
+        .clone()
+        .context("the model has no chat template")?;
+    let tokenizer = loaded.tokenizer.clone();
+    let engine = Engine::start(
+        loaded,
+        EngineConfig {
+            model_name: args.model.clone(),
+            max_batch_rows: 64,
+        },
+    )?;
+
+    // 32 real prompts: Spider dev questions with their database's schema.
+    let data = crate::train_cmd::data_dir(args.data.clone());
+    let dataset = agl_spider::SpiderDataset::load(&data)
+        .with_context(|| format!("loading {}", data.display()))?;
+    let mut prompts = Vec::new();
+    for q in dataset.dev.iter().step_by(29).take(32) {
+        let db = data
+            .join("database")
+            .join(&q.db_id)
+            .join(format!("{}.sqlite", q.db_id));
+        let info = agl_spider::db_info(&q.db_id, &db)?;
+        let schema: Vec<String> = info
+            .tables
+            .iter()
+            .map(|t| format!("{}({})", t.name, t.columns.join(", ")))
+            .collect();
+        let messages = [
+            serde_json::json!({"role": "system", "content": "You write SQLite queries. Answer with one SQL statement and nothing else."}),
+            serde_json::json!({"role": "user", "content": format!("Schema: {}\nQuestion: {}", schema.join("; "), q.question)}),
+        ];
+        let text = template.render(&messages, None, true)?;
+        prompts.push(tokenizer.encode(&text, false)?);
+    }
+    anyhow::ensure!(
+        prompts.len() == 32,
+        "need 32 dev questions, found {}",
+        prompts.len()
+    );
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let rounds = args.rounds.max(1);
+    let main_prompt = prompts[0].clone();
+
+    eprintln!("warm-up …");
+    run_request(&engine, &main_prompt, 1, 4)?;
+    eprintln!("prefill and batch-1 decode ({rounds} rounds) …");
+    let (mut prefill, mut ttft, mut batch1) = (0f64, f64::MAX, 0f64);
+    for _ in 0..rounds {
+        let t = run_request(&engine, &main_prompt, 1, 1)?;
+        prefill = prefill.max(main_prompt.len() as f64 / t.ttft);
+        ttft = ttft.min(t.ttft);
+        let t = run_request(&engine, &main_prompt, 1, args.decode_tokens)?;
+        batch1 = batch1.max((t.tokens - 1) as f64 / (t.total - t.ttft));
+    }
+    eprintln!("group of 8 ({rounds} rounds) …");
+    let mut group8 = 0f64;
+    for _ in 0..rounds {
+        let t = run_request(&engine, &main_prompt, 8, args.decode_tokens)?;
+        group8 = group8.max((t.tokens - 8) as f64 / (t.total - t.ttft));
+    }
+    eprintln!("32 concurrent requests …");
+    let t0 = Instant::now();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let engine = engine.clone();
+            let p = p.clone();
+            let n = args.decode_tokens;
+            std::thread::spawn(move || run_request(&engine, &p, 1, n).map(|t| t.tokens))
+        })
+        .collect();
+    let mut generated = 0;
+    for h in handles {
+        generated += h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
+    }
+    let concurrent32 = generated as f64 / t0.elapsed().as_secs_f64();
+    engine.shutdown();
+
+    let ours = Ours {
+        threads,
+        prompt_tokens: main_prompt.len(),
+        prefill_tokens_per_s: prefill,
+        decode_batch1_tokens_per_s: batch1,
+        decode_group8_tokens_per_s: group8,
+        concurrent32_tokens_per_s: concurrent32,
+        ttft_s: ttft,
+        peak_rss_mib: peak_rss_mib(),
+    };
+
+    let llama_cpp = match (&args.llama_cpp_python, &files) {
+        (Some(py), agl_llm::ModelFiles::Gguf(gguf)) => {
+            eprintln!("llama.cpp on the same GGUF …");
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../scripts/llm/bench_llama_cpp.py");
+            anyhow::ensure!(
+                script.is_file(),
+                "{} is missing (run from a source checkout)",
+                script.display()
+            );
+            let out = std::process::Command::new(py)
+                .arg(&script)
+                .arg("--gguf")
+                .arg(gguf)
+                .arg("--prompt-ids")
+                .arg(serde_json::to_string(&main_prompt)?)
+                .arg("--decode-tokens")
+                .arg(args.decode_tokens.to_string())
+                .arg("--threads")
+                .arg(threads.to_string())
+                .arg("--rounds")
+                .arg(rounds.to_string())
+                .output()
+                .with_context(|| format!("running {} {}", py.display(), script.display()))?;
+            anyhow::ensure!(
+                out.status.success(),
+                "llama.cpp benchmark failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            );
+            Some(
+                serde_json::from_slice::<LlamaCpp>(&out.stdout)
+                    .context("llama.cpp benchmark output")?,
+            )
+        }
+        (Some(_), _) => {
+            eprintln!("llama.cpp needs a GGUF file; skipped");
+            None
+        }
+        (None, _) => None,
+    };
+    let report = Report {
+        model: args.model.clone(),
+        source,
+        ratio_group8_vs_llama_cpp_batch1: llama_cpp
+            .as_ref()
+            .map(|l| ours.decode_group8_tokens_per_s / l.decode_batch1_tokens_per_s),
+        slowdown_batch1_vs_llama_cpp: llama_cpp
+            .as_ref()
+            .map(|l| l.decode_batch1_tokens_per_s / ours.decode_batch1_tokens_per_s),
+        agl: ours,
+        llama_cpp,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let o = &report.agl;
+    println!(
+        "model {} ({}), {} threads, prompt {} tokens, {} decoded tokens per row",
+        report.model, report.source, o.threads, o.prompt_tokens, args.decode_tokens
+    );
+    println!(
+        "{:<34} {:>12} {:>12} {:>8}",
+        "", "agl (f32)", "llama.cpp", "ratio"
+    );
+    let l = report.llama_cpp.as_ref();
+    let row = |name: &str, ours: f64, theirs: Option<f64>| {
+        let t = theirs
+            .map(|v| format!("{v:.1}"))
+            .unwrap_or_else(|| "-".into());
+        let r = theirs
+            .map(|v| format!("{:.2}", ours / v))
+            .unwrap_or_else(|| "-".into());
+        println!("{name:<34} {ours:>12.1} {t:>12} {r:>8}");
+    };
+    row(
+        "prefill tokens/s",
+        o.prefill_tokens_per_s,
+        l.map(|l| l.prefill_tokens_per_s),
+    );
+    row(
+        "decode tokens/s, batch 1",
+        o.decode_batch1_tokens_per_s,
+        l.map(|l| l.decode_batch1_tokens_per_s),
+    );
+    row(
+        "decode tokens/s, group of 8",
+        o.decode_group8_tokens_per_s,
+        l.map(|l| l.decode_batch1_tokens_per_s),
+    );
+    row(
+        "tokens/s, 32 concurrent requests",
+        o.concurrent32_tokens_per_s,
+        l.map(|l| l.decode_batch1_tokens_per_s),
+    );
+    row(
+        "time to first token, ms",
+        o.ttft_s * 1e3,
+        l.map(|l| l.ttft_s * 1e3),
+    );
+    row("peak RSS, MiB", o.peak_rss_mib, l.map(|l| l.peak_rss_mib));
+    println!(
+        "(ratio = agl / llama.cpp; llama.cpp's column for group and concurrent rows is its batch-1 decode)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
