@@ -613,7 +613,10 @@ impl Worker {
                 }
             }
             let running = groups.iter().map(|g| g.rows.len()).sum();
-            self.shared.stats.running_rows.store(running, Ordering::Relaxed);
+            self.shared
+                .stats
+                .running_rows
+                .store(running, Ordering::Relaxed);
         }
     }
 
@@ -845,7 +848,11 @@ impl Worker {
             return RowOutcome::Done(FinishReason::Stop, Some(StopReason::TokenId(token)), rest);
         }
         row.text_tokens.push(token);
-        if let Ok(t) = self.shared.tokenizer.decode(&row.text_tokens, p.skip_special_tokens) {
+        if let Ok(t) = self
+            .shared
+            .tokenizer
+            .decode(&row.text_tokens, p.skip_special_tokens)
+        {
             // Hold text that ends in an incomplete UTF-8 sequence (U+FFFD) until it completes.
             if !t.ends_with('\u{FFFD}') || row.tokens.len() >= job.max_tokens || cache_full {
                 row.text = t;
