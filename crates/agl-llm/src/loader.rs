@@ -56,6 +56,35 @@ pub enum ModelFiles {
     HfDir(PathBuf),
 }
 
+/// The device named by `spec`: `cpu`, `cuda` / `cuda:N` (needs the `cuda` feature), or `auto`
+/// (the first CUDA device when there is one, else the CPU).
+pub fn device(spec: &str) -> Result<Device> {
+    let cuda = |n: usize| {
+        Device::new_cuda(n).map_err(|e| {
+            LlmError::invalid(
+                "device",
+                format!("cannot open CUDA device {n}: {e} (build with `--features cuda`)"),
+            )
+        })
+    };
+    match spec {
+        "cpu" => Ok(Device::Cpu),
+        "auto" if candle_core::utils::cuda_is_available() => cuda(0),
+        "auto" => Ok(Device::Cpu),
+        "cuda" => cuda(0),
+        s => match s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            Some(n) => cuda(n),
+            None => Err(LlmError::invalid(
+                "device",
+                format!("`{s}` is not cpu, cuda, cuda:N or auto"),
+            )),
+        },
+    }
+}
+
 /// Loads a model from `files` onto `device`.
 pub fn load(files: &ModelFiles, device: &Device, format: WeightFormat) -> Result<LoadedModel> {
     match files {

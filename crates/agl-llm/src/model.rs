@@ -343,6 +343,35 @@ impl LlamaModel {
         })
     }
 
+    /// Every weight under its Hugging Face name (`model.layers.{i}.self_attn.q_proj.weight`,
+    /// …; `lm_head.weight` only when untied), in Hugging Face's layouts: what a
+    /// `model.safetensors` of this model holds.
+    pub fn weights(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![
+            ("model.embed_tokens.weight".to_string(), self.embed.clone()),
+            ("model.norm.weight".to_string(), self.norm.clone()),
+        ];
+        if !self.cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), self.lm_head.weight.clone()));
+        }
+        for (i, b) in self.blocks.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            out.push((format!("{p}.input_layernorm.weight"), b.attn_norm.clone()));
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                b.mlp_norm.clone(),
+            ));
+            for t in Target::ALL {
+                let l = b.linear(t);
+                out.push((format!("{p}.{}.weight", t.path()), l.weight.clone()));
+                if let Some(bias) = &l.bias {
+                    out.push((format!("{p}.{}.bias", t.path()), bias.clone()));
+                }
+            }
+        }
+        out
+    }
+
     /// The model's shape.
     pub fn config(&self) -> &ModelConfig {
         &self.cfg

@@ -679,6 +679,13 @@ impl Tokenizer {
             .unwrap_or_default()
     }
 
+    /// Writes the tokenizer as a Hugging Face `tokenizer.json` (to export a model directory).
+    pub fn save_json(&self, path: &Path) -> Result<()> {
+        self.inner
+            .save(path, false)
+            .map_err(|e| LlmError::Tokenizer(format!("{}: cannot write: {e}", path.display())))
+    }
+
     /// The number of token ids (the model's embedding rows), including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size

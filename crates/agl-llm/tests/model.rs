@@ -313,3 +313,116 @@ fn adapter_errors_name_the_file() {
         .to_string();
     assert!(e.contains("[2, 100]") && e.contains("[2, 576]"), "{e}");
 }
+
+#[test]
+fn broken_model_files_are_named_with_their_problem() {
+    let Some(path) = common::model_path() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // A download cut off half-way.
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e = agl_llm::load(
+        &agl_llm::ModelFiles::Gguf(cut.clone()),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Dense,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cut.gguf") && e.contains("truncated"), "{e}");
+    // Not a GGUF file at all.
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let e = agl_llm::load(
+        &agl_llm::ModelFiles::Gguf(junk),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Dense,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("junk.gguf"), "{e}");
+    // A Hugging Face directory without its tokenizer, and one of an unsupported architecture.
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    std::fs::write(
+        hf.join("config.json"),
+        r#"{"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":1,"num_attention_heads":2}"#,
+    )
+    .unwrap();
+    let e = agl_llm::load(
+        &agl_llm::ModelFiles::HfDir(hf.clone()),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Dense,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("tokenizer.json"), "{e}");
+    std::fs::write(hf.join("config.json"), r#"{"model_type":"mamba"}"#).unwrap();
+    let e = agl_llm::load(
+        &agl_llm::ModelFiles::HfDir(hf),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Dense,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("config.json") && e.contains("unsupported architecture `mamba`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_hugging_face_directory_of_the_same_weights_gives_the_same_logits() {
+    let Some(lm) = common::loaded() else { return };
+    let c = lm.model.config();
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "rope_theta": c.rope_theta, "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": true,
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    lm.tokenizer
+        .save_json(&dir.path().join("tokenizer.json"))
+        .unwrap();
+    let template = lm.chat_template.as_ref().unwrap().source().to_string();
+    let tok_cfg = serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"});
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        tok_cfg.to_string(),
+    )
+    .unwrap();
+    // Stored as bf16 would lose precision; f16/bf16 files are converted at load like f32 ones.
+    let weights: HashMap<String, Tensor> = lm.model.weights().into_iter().collect();
+    candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
+
+    let hf = agl_llm::load(
+        &agl_llm::ModelFiles::HfDir(dir.path().to_path_buf()),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Dense,
+    )
+    .unwrap();
+    assert_eq!(
+        hf.model.config().architecture,
+        agl_llm::config::Architecture::Llama
+    );
+    let prompt = common::chat_prompt(lm, QUESTIONS[2]);
+    assert_eq!(
+        common::chat_prompt(&hf, QUESTIONS[2]),
+        prompt,
+        "same tokenizer and template"
+    );
+    let ids = Tensor::new(prompt.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let a = lm.model.forward_logits(&ids, None).unwrap();
+    let b = hf.model.forward_logits(&ids, None).unwrap();
+    assert_eq!(max_abs_diff(&a, &b), 0.0);
+}
