@@ -6,7 +6,6 @@ Batch 1 only: llama-cpp-python's API decodes one sequence at a time.
 """
 import argparse
 import json
-import resource
 import sys
 import time
 
@@ -42,7 +41,12 @@ def main() -> int:
             tok = llm.sample(temp=0.0)
         t3 = time.perf_counter()
         decode.append(a.decode_tokens / (t3 - t2))
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # VmHWM of this process image (ru_maxrss would include the parent's RSS at fork).
+    rss_kib = 0.0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                rss_kib = float(line.split()[1])
     print(json.dumps({
         "engine": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
         "threads": a.threads,
