@@ -45,14 +45,18 @@ pub struct LlmBenchArgs {
     /// without it llama.cpp's column is left out.
     #[arg(long, value_name = "PYTHON")]
     llama_cpp_python: Option<PathBuf>,
+    /// Weight formats to measure: dense (f32, the training path), q8 (serving), or both.
+    #[arg(long, value_delimiter = ',', default_value = "q8,dense")]
+    weights: Vec<crate::llm_cmd::Weights>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }
 
-/// Our side of the comparison.
+/// Our side of the comparison, for one weight format.
 #[derive(Debug, Serialize)]
 struct Ours {
+    weights: String,
     threads: usize,
     prompt_tokens: usize,
     prefill_tokens_per_s: f64,
@@ -79,12 +83,10 @@ struct LlamaCpp {
 struct Report {
     model: String,
     source: String,
-    agl: Ours,
+    decode_tokens: usize,
+    /// One entry per weight format (q8 first, then dense).
+    agl: Vec<Ours>,
     llama_cpp: Option<LlamaCpp>,
-    /// agl group-of-8 decode / llama.cpp batch-1 decode (target ≥ 3).
-    ratio_group8_vs_llama_cpp_batch1: Option<f64>,
-    /// llama.cpp batch-1 decode / agl batch-1 decode (target ≤ 2).
-    slowdown_batch1_vs_llama_cpp: Option<f64>,
 }
 
 /// Timing of one request: time to first token, time of the last, tokens per row.
@@ -154,39 +156,21 @@ fn peak_rss_mib() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Runs `agl bench llm`.
-pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
-    let home = agl_llm::hub::agl_home();
-    let location = agl_llm::hub::resolve(&args.model, &home)?;
-    let files = match location {
-        agl_llm::hub::ModelLocation::Gguf(p) => agl_llm::ModelFiles::Gguf(p),
-        agl_llm::hub::ModelLocation::HfDir(p) => agl_llm::ModelFiles::HfDir(p),
-    };
-    let source = match &files {
-        agl_llm::ModelFiles::Gguf(p) | agl_llm::ModelFiles::HfDir(p) => p.display().to_string(),
-    };
-    eprintln!("loading {source} …");
-    let device = agl_llm::loader::device(&args.device)?;
-    let loaded = agl_llm::load(&files, &device, agl_llm::WeightFormat::Dense)?;
+/// Spider dev questions with their database's schema, rendered by the model's chat template.
+fn spider_prompts(
+    args: &LlmBenchArgs,
+    loaded: &agl_llm::LoadedModel,
+    count: usize,
+) -> anyhow::Result<Vec<Vec<u32>>> {
     let template = loaded
         .chat_template
-        .clone()
+        .as_ref()
         .context("the model has no chat template")?;
-    let tokenizer = loaded.tokenizer.clone();
-    let engine = Engine::start(
-        loaded,
-        EngineConfig {
-            model_name: args.model.clone(),
-            max_batch_rows: 64,
-        },
-    )?;
-
-    // 32 real prompts: Spider dev questions with their database's schema.
     let data = crate::train_cmd::data_dir(args.data.clone());
     let dataset = agl_spider::SpiderDataset::load(&data)
         .with_context(|| format!("loading {}", data.display()))?;
     let mut prompts = Vec::new();
-    for q in dataset.dev.iter().step_by(29).take(32) {
+    for q in dataset.dev.iter().step_by(29).take(count) {
         let db = data
             .join("database")
             .join(&q.db_id)
@@ -202,37 +186,46 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
             serde_json::json!({"role": "user", "content": format!("Schema: {}\nQuestion: {}", schema.join("; "), q.question)}),
         ];
         let text = template.render(&messages, None, true)?;
-        prompts.push(tokenizer.encode(&text, false)?);
+        prompts.push(loaded.tokenizer.encode(&text, false)?);
     }
     anyhow::ensure!(
-        prompts.len() == 32,
-        "need 32 dev questions, found {}",
+        prompts.len() == count,
+        "need {count} dev questions, found {}",
         prompts.len()
     );
+    Ok(prompts)
+}
+
+/// Every measurement of the module docs on one engine.
+fn measure(
+    engine: &Engine,
+    weights: &str,
+    prompts: &[Vec<u32>],
+    args: &LlmBenchArgs,
+) -> anyhow::Result<Ours> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     let rounds = args.rounds.max(1);
-    let main_prompt = prompts[0].clone();
-
-    eprintln!("warm-up …");
-    run_request(&engine, &main_prompt, 1, 4)?;
-    eprintln!("prefill and batch-1 decode ({rounds} rounds) …");
+    let main_prompt = &prompts[0];
+    eprintln!("[{weights}] warm-up …");
+    run_request(engine, main_prompt, 1, 4)?;
+    eprintln!("[{weights}] prefill and batch-1 decode ({rounds} rounds) …");
     let (mut prefill, mut ttft, mut batch1) = (0f64, f64::MAX, 0f64);
     for _ in 0..rounds {
-        let t = run_request(&engine, &main_prompt, 1, 1)?;
+        let t = run_request(engine, main_prompt, 1, 1)?;
         prefill = prefill.max(main_prompt.len() as f64 / t.ttft);
         ttft = ttft.min(t.ttft);
-        let t = run_request(&engine, &main_prompt, 1, args.decode_tokens)?;
+        let t = run_request(engine, main_prompt, 1, args.decode_tokens)?;
         batch1 = batch1.max((t.tokens - 1) as f64 / (t.total - t.ttft));
     }
-    eprintln!("group of 8 ({rounds} rounds) …");
+    eprintln!("[{weights}] group of 8 ({rounds} rounds) …");
     let mut group8 = 0f64;
     for _ in 0..rounds {
-        let t = run_request(&engine, &main_prompt, 8, args.decode_tokens)?;
+        let t = run_request(engine, main_prompt, 8, args.decode_tokens)?;
         group8 = group8.max((t.tokens - 8) as f64 / (t.total - t.ttft));
     }
-    eprintln!("32 concurrent requests …");
+    eprintln!("[{weights}] {} concurrent requests …", prompts.len());
     let t0 = Instant::now();
     let handles: Vec<_> = prompts
         .iter()
@@ -250,9 +243,8 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
             .map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
     }
     let concurrent32 = generated as f64 / t0.elapsed().as_secs_f64();
-    engine.shutdown();
-
-    let ours = Ours {
+    Ok(Ours {
+        weights: weights.to_string(),
         threads,
         prompt_tokens: main_prompt.len(),
         prefill_tokens_per_s: prefill,
@@ -261,44 +253,88 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
         concurrent32_tokens_per_s: concurrent32,
         ttft_s: ttft,
         peak_rss_mib: peak_rss_mib(),
-    };
+    })
+}
 
+/// llama.cpp's side, through scripts/llm/bench_llama_cpp.py.
+fn llama_cpp(
+    py: &std::path::Path,
+    gguf: &std::path::Path,
+    prompt: &[u32],
+    args: &LlmBenchArgs,
+) -> anyhow::Result<LlamaCpp> {
+    eprintln!("llama.cpp on the same GGUF …");
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts/llm/bench_llama_cpp.py");
+    anyhow::ensure!(
+        script.is_file(),
+        "{} is missing (run from a source checkout)",
+        script.display()
+    );
+    let out = std::process::Command::new(py)
+        .arg(&script)
+        .arg("--gguf")
+        .arg(gguf)
+        .arg("--prompt-ids")
+        .arg(serde_json::to_string(prompt)?)
+        .arg("--decode-tokens")
+        .arg(args.decode_tokens.to_string())
+        .arg("--threads")
+        .arg(threads.to_string())
+        .arg("--rounds")
+        .arg(args.rounds.max(1).to_string())
+        .output()
+        .with_context(|| format!("running {} {}", py.display(), script.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "llama.cpp benchmark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .last()
+            .unwrap_or("")
+    );
+    serde_json::from_slice::<LlamaCpp>(&out.stdout).context("llama.cpp benchmark output")
+}
+
+/// Runs `agl bench llm`.
+pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
+    let files = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())?;
+    let source = match &files {
+        agl_llm::ModelFiles::Gguf(p) | agl_llm::ModelFiles::HfDir(p) => p.display().to_string(),
+    };
+    let device = agl_llm::loader::device(&args.device)?;
+    let mut formats = args.weights.clone();
+    formats.dedup();
+    anyhow::ensure!(!formats.is_empty(), "--weights names no format");
+    let mut ours = Vec::new();
+    let mut prompts = Vec::new();
+    for w in formats {
+        let name = match w {
+            crate::llm_cmd::Weights::Dense => "f32",
+            crate::llm_cmd::Weights::Q8 => "q8",
+        };
+        eprintln!("loading {source} ({name}) …");
+        let loaded = agl_llm::load(&files, &device, w.format())?;
+        if prompts.is_empty() {
+            prompts = spider_prompts(args, &loaded, 32)?;
+        }
+        let engine = Engine::start(
+            loaded,
+            EngineConfig {
+                model_name: args.model.clone(),
+                max_batch_rows: 64,
+            },
+        )?;
+        let result = measure(&engine, name, &prompts, args);
+        engine.shutdown();
+        ours.push(result?);
+    }
     let llama_cpp = match (&args.llama_cpp_python, &files) {
         (Some(py), agl_llm::ModelFiles::Gguf(gguf)) => {
-            eprintln!("llama.cpp on the same GGUF …");
-            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../scripts/llm/bench_llama_cpp.py");
-            anyhow::ensure!(
-                script.is_file(),
-                "{} is missing (run from a source checkout)",
-                script.display()
-            );
-            let out = std::process::Command::new(py)
-                .arg(&script)
-                .arg("--gguf")
-                .arg(gguf)
-                .arg("--prompt-ids")
-                .arg(serde_json::to_string(&main_prompt)?)
-                .arg("--decode-tokens")
-                .arg(args.decode_tokens.to_string())
-                .arg("--threads")
-                .arg(threads.to_string())
-                .arg("--rounds")
-                .arg(rounds.to_string())
-                .output()
-                .with_context(|| format!("running {} {}", py.display(), script.display()))?;
-            anyhow::ensure!(
-                out.status.success(),
-                "llama.cpp benchmark failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-            );
-            Some(
-                serde_json::from_slice::<LlamaCpp>(&out.stdout)
-                    .context("llama.cpp benchmark output")?,
-            )
+            Some(llama_cpp(py, gguf, &prompts[0], args)?)
         }
         (Some(_), _) => {
             eprintln!("llama.cpp needs a GGUF file; skipped");
@@ -309,12 +345,7 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
     let report = Report {
         model: args.model.clone(),
         source,
-        ratio_group8_vs_llama_cpp_batch1: llama_cpp
-            .as_ref()
-            .map(|l| ours.decode_group8_tokens_per_s / l.decode_batch1_tokens_per_s),
-        slowdown_batch1_vs_llama_cpp: llama_cpp
-            .as_ref()
-            .map(|l| l.decode_batch1_tokens_per_s / ours.decode_batch1_tokens_per_s),
+        decode_tokens: args.decode_tokens,
         agl: ours,
         llama_cpp,
     };
@@ -322,53 +353,72 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let o = &report.agl;
+    let first = &report.agl[0];
     println!(
         "model {} ({}), {} threads, prompt {} tokens, {} decoded tokens per row",
-        report.model, report.source, o.threads, o.prompt_tokens, args.decode_tokens
-    );
-    println!(
-        "{:<34} {:>12} {:>12} {:>8}",
-        "", "agl (f32)", "llama.cpp", "ratio"
+        report.model, report.source, first.threads, first.prompt_tokens, args.decode_tokens
     );
     let l = report.llama_cpp.as_ref();
-    let row = |name: &str, ours: f64, theirs: Option<f64>| {
-        let t = theirs
-            .map(|v| format!("{v:.1}"))
-            .unwrap_or_else(|| "-".into());
-        let r = theirs
-            .map(|v| format!("{:.2}", ours / v))
-            .unwrap_or_else(|| "-".into());
-        println!("{name:<34} {ours:>12.1} {t:>12} {r:>8}");
-    };
-    row(
-        "prefill tokens/s",
-        o.prefill_tokens_per_s,
-        l.map(|l| l.prefill_tokens_per_s),
-    );
-    row(
-        "decode tokens/s, batch 1",
-        o.decode_batch1_tokens_per_s,
-        l.map(|l| l.decode_batch1_tokens_per_s),
-    );
-    row(
-        "decode tokens/s, group of 8",
-        o.decode_group8_tokens_per_s,
-        l.map(|l| l.decode_batch1_tokens_per_s),
-    );
-    row(
-        "tokens/s, 32 concurrent requests",
-        o.concurrent32_tokens_per_s,
-        l.map(|l| l.decode_batch1_tokens_per_s),
-    );
-    row(
-        "time to first token, ms",
-        o.ttft_s * 1e3,
-        l.map(|l| l.ttft_s * 1e3),
-    );
-    row("peak RSS, MiB", o.peak_rss_mib, l.map(|l| l.peak_rss_mib));
+    let mut header = format!("{:<34}", "");
+    for o in &report.agl {
+        header.push_str(&format!(
+            " {:>10} {:>8}",
+            format!("agl {}", o.weights),
+            "ratio"
+        ));
+    }
+    header.push_str(&format!(" {:>10}", "llama.cpp"));
+    println!("{header}");
+    type Pick = fn(&Ours) -> f64;
+    type PickL = fn(&LlamaCpp) -> f64;
+    let rows: [(&str, Pick, PickL); 6] = [
+        (
+            "prefill tokens/s",
+            |o| o.prefill_tokens_per_s,
+            |l| l.prefill_tokens_per_s,
+        ),
+        (
+            "decode tokens/s, batch 1",
+            |o| o.decode_batch1_tokens_per_s,
+            |l| l.decode_batch1_tokens_per_s,
+        ),
+        (
+            "decode tokens/s, group of 8",
+            |o| o.decode_group8_tokens_per_s,
+            |l| l.decode_batch1_tokens_per_s,
+        ),
+        (
+            "tokens/s, 32 concurrent requests",
+            |o| o.concurrent32_tokens_per_s,
+            |l| l.decode_batch1_tokens_per_s,
+        ),
+        (
+            "time to first token, ms",
+            |o| o.ttft_s * 1e3,
+            |l| l.ttft_s * 1e3,
+        ),
+        ("peak RSS, MiB", |o| o.peak_rss_mib, |l| l.peak_rss_mib),
+    ];
+    for (name, pick, pick_l) in rows {
+        let mut line = format!("{name:<34}");
+        let theirs = l.map(pick_l);
+        for o in &report.agl {
+            let v = pick(o);
+            let r = theirs
+                .map(|t| format!("{:.2}", v / t))
+                .unwrap_or_else(|| "-".into());
+            line.push_str(&format!(" {v:>10.1} {r:>8}"));
+        }
+        line.push_str(&format!(
+            " {:>10}",
+            theirs
+                .map(|t| format!("{t:.1}"))
+                .unwrap_or_else(|| "-".into())
+        ));
+        println!("{line}");
+    }
     println!(
-        "(ratio = agl / llama.cpp; llama.cpp's column for group and concurrent rows is its batch-1 decode)"
+        "(ratio = agl / llama.cpp; for the group and concurrent rows llama.cpp's figure is its batch-1 decode; peak RSS is the process's, so a later column includes the earlier ones)"
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -25,6 +25,25 @@ pub enum LlmCommand {
     Serve(ServeArgs),
 }
 
+/// How linear weights are held in memory (`agl_llm::WeightFormat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Weights {
+    /// f32: exact, the numbers training sees.
+    Dense,
+    /// GGML Q8_0 blocks: faster decoding, serving only.
+    Q8,
+}
+
+impl Weights {
+    /// The loader's format.
+    pub fn format(self) -> WeightFormat {
+        match self {
+            Weights::Dense => WeightFormat::Dense,
+            Weights::Q8 => WeightFormat::Q8,
+        }
+    }
+}
+
 /// Arguments of `agl llm serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -32,6 +51,10 @@ pub struct ServeArgs {
     /// file, or a Hugging Face model directory.
     #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
     pub model: String,
+    /// How to hold the linear weights: `dense` (f32: exact, what training recomputes) or `q8`
+    /// (GGML Q8_0 blocks: faster decoding, serving only; output follows llama.cpp's).
+    #[arg(long, value_enum, default_value = "dense")]
+    pub weights: Weights,
     /// Where the model runs: cpu, cuda, cuda:N (a build with `--features cuda`), or auto.
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -109,7 +132,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         agl_llm::hub::ModelLocation::Gguf(p) => ModelFiles::Gguf(p),
         agl_llm::hub::ModelLocation::HfDir(p) => ModelFiles::HfDir(p),
     };
-    let format = WeightFormat::Dense;
+    let format = args.weights.format();
     let t0 = Instant::now();
     let device = agl_llm::loader::device(&args.device)?;
     let loaded = agl_llm::load(&files, &device, format).context("loading the model")?;

@@ -225,7 +225,7 @@ impl Collector {
                 }
                 self.done += 1;
             }
-            Event::Error(m) => return Err(LlmError::Candle(candle_core::Error::Msg(m))),
+            Event::Error(m) => return Err(LlmError::Generation(m)),
         }
         Ok(self.done == self.parts.len())
     }

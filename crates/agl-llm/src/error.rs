@@ -73,6 +73,9 @@ pub enum LlmError {
     /// No model or adapter is served under this name.
     #[error("the model `{0}` does not exist")]
     UnknownModel(String),
+    /// Generation failed inside the engine's worker (the message says why).
+    #[error("generation failed: {0}")]
+    Generation(String),
     /// The engine's worker has stopped (the server is shutting down).
     #[error("the engine has stopped")]
     EngineStopped,

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::{QTensor, gguf_file};
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 
 use crate::chat::ChatTemplate;
@@ -21,17 +23,19 @@ use crate::error::{LlmError, Result};
 use crate::model::LlamaModel;
 use crate::tokenizer::Tokenizer;
 
-/// How to hold the weights in memory.
-///
-/// Only dense f32 exists today: exact, trainable, and what the sampler and the trainer must
-/// share. A quantized serving format (candle's Q8_0 `QMatMul`) was tried and left out: with
-/// it, SmolLM2's output degenerated after 30 layers although each quantized matmul alone
-/// stayed within 1% of f32 (see the crate's notes).
+/// How to hold the linear weights in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightFormat {
-    /// f32, dequantized at load (GGUF) or converted from f16/bf16 (safetensors).
+    /// f32, dequantized at load (GGUF) or converted from f16/bf16 (safetensors): exact,
+    /// trainable, and what the sampler and the trainer must share. The default.
     #[default]
     Dense,
+    /// GGML Q8_0 blocks through candle's quantized kernels (GGUF Q8_0 tensors are kept,
+    /// others re-quantized at load; safetensors are quantized): 3.8x less memory traffic per
+    /// decoded token, for serving only. Activations are quantized as in llama.cpp, so the
+    /// output follows llama.cpp's rather than the dense model's (on SmolLM2's Q4_1 file its
+    /// greedy tokens equal llama.cpp's), and no gradient flows.
+    Q8,
 }
 
 /// A model, its tokenizer and chat template, and where they came from.
@@ -104,21 +108,30 @@ pub fn load_gguf(path: &Path, device: &Device, format: WeightFormat) -> Result<L
     let tokenizer = Tokenizer::from_gguf(path, &content)?;
     let chat_template = ChatTemplate::from_gguf(path, &content)?;
 
-    let WeightFormat::Dense = format;
     let mut dense = HashMap::new();
+    let mut quantized = HashMap::new();
     let read = |file: &mut std::fs::File, name: &str| -> Result<QTensor> {
         content
             .tensor(file, name, device)
             .map_err(|e| LlmError::model_file(path, format!("tensor {name}: {e}")))
     };
     let mut put =
-        |hf: String, q: QTensor, permute_heads: Option<usize>, _linear: bool| -> Result<()> {
+        |hf: String, q: QTensor, permute_heads: Option<usize>, linear: bool| -> Result<()> {
+            let keep_quantized = linear && format == WeightFormat::Q8;
+            if keep_quantized && permute_heads.is_none() && q.dtype() == GgmlDType::Q8_0 {
+                quantized.insert(hf, Arc::new(q));
+                return Ok(());
+            }
             let t = q.dequantize(device)?;
             let t = match permute_heads {
                 Some(heads) => unpermute_rows(&t, heads)?,
                 None => t,
             };
-            dense.insert(hf, t);
+            if keep_quantized {
+                quantized.insert(hf, Arc::new(QTensor::quantize(&t, GgmlDType::Q8_0)?));
+            } else {
+                dense.insert(hf, t);
+            }
             Ok(())
         };
     // llama.cpp permutes q/k rows of llama models only (qwen2 uses its neox rope as is).
@@ -129,6 +142,16 @@ pub fn load_gguf(path: &Path, device: &Device, format: WeightFormat) -> Result<L
         None,
         false,
     )?;
+    if cfg.tie_word_embeddings && format == WeightFormat::Q8 {
+        // The tied LM head reads the whole embedding per token: quantize it too (llama.cpp
+        // multiplies by the quantized token_embd).
+        put(
+            "lm_head.weight".into(),
+            read(&mut file, "token_embd.weight")?,
+            None,
+            true,
+        )?;
+    }
     put(
         "model.norm.weight".into(),
         read(&mut file, "output_norm.weight")?,
@@ -223,7 +246,7 @@ pub fn load_gguf(path: &Path, device: &Device, format: WeightFormat) -> Result<L
             true,
         )?;
     }
-    let model = LlamaModel::from_weights(cfg, dense, device, path)?;
+    let model = LlamaModel::from_weights(cfg, dense, quantized, device, path)?;
     Ok(LoadedModel {
         model,
         tokenizer,
@@ -285,17 +308,23 @@ pub fn load_hf_dir(dir: &Path, device: &Device, format: WeightFormat) -> Result<
             "no *.safetensors weight files in the directory",
         ));
     }
-    let WeightFormat::Dense = format;
     let mut dense = HashMap::new();
+    let mut quantized = HashMap::new();
     for f in &files {
         check_safetensors_header(f)?;
         let tensors = candle_core::safetensors::load(f, device)
             .map_err(|e| LlmError::model_file(f, format!("cannot read safetensors: {e}")))?;
         for (name, t) in tensors {
-            dense.insert(name, t.to_dtype(DType::F32)?);
+            let t = t.to_dtype(DType::F32)?;
+            let linear = name.ends_with("_proj.weight") || name == "lm_head.weight";
+            if linear && format == WeightFormat::Q8 {
+                quantized.insert(name, Arc::new(QTensor::quantize(&t, GgmlDType::Q8_0)?));
+            } else {
+                dense.insert(name, t);
+            }
         }
     }
-    let model = LlamaModel::from_weights(cfg, dense, device, dir)?;
+    let model = LlamaModel::from_weights(cfg, dense, quantized, device, dir)?;
     Ok(LoadedModel {
         model,
         tokenizer,

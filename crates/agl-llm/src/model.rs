@@ -19,7 +19,10 @@
 //! Not responsible for reading files ([`crate::loader`]), sampling decisions
 //! ([`crate::sampling`]) or scheduling ([`crate::engine`]).
 
-use candle_core::{D, DType, Device, Tensor};
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{D, DType, Device, Module, Tensor};
 use std::collections::HashMap;
 
 use crate::config::ModelConfig;
@@ -29,34 +32,54 @@ use crate::lora::{LoraAdapter, LoraPair, Target};
 /// Up to this many rows, a linear layer computes `(W xᵀ)ᵀ` instead of `x Wᵀ`.
 const SKINNY_ROWS: usize = 64;
 
-/// A linear layer `y = x Wᵀ + b` (`W: [out, in]`, f32), optionally wrapped by a LoRA pair at
-/// call time.
+/// A weight matrix `[out, in]`.
+#[derive(Debug, Clone)]
+pub enum Weight {
+    /// Dense f32: exact and differentiable (training, and sampling for training).
+    Dense(Tensor),
+    /// GGML-quantized blocks (Q8_0) through candle's quantized kernels: serving only. The
+    /// activations are quantized too, as in llama.cpp, so outputs differ from the dense
+    /// model's, and no gradient flows through it.
+    Quantized(Arc<QTensor>, Arc<QMatMul>),
+}
+
+impl Weight {
+    /// The weight as a dense f32 tensor (dequantized when quantized).
+    pub fn to_dense(&self) -> Result<Tensor> {
+        match self {
+            Weight::Dense(t) => Ok(t.clone()),
+            Weight::Quantized(q, _) => Ok(q.dequantize(&q.device())?),
+        }
+    }
+}
+
+/// A linear layer `y = x Wᵀ + b` (`W: [out, in]`), optionally wrapped by a LoRA pair at call
+/// time.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Tensor,
+    weight: Weight,
     bias: Option<Tensor>,
 }
 
 impl Linear {
     /// A layer; `weight: [out, in]`, `bias: [out]`.
-    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+    pub fn new(weight: Weight, bias: Option<Tensor>) -> Self {
         Self { weight, bias }
     }
 
     /// The weight, `[out, in]`.
-    pub fn weight(&self) -> &Tensor {
+    pub fn weight(&self) -> &Weight {
         &self.weight
     }
 
     /// `x: [n, in] -> [n, out]`, plus `s · (x Aᵀ) Bᵀ` when `lora` is given.
     fn forward(&self, x: &Tensor, lora: Option<(&LoraPair, f64)>) -> Result<Tensor> {
-        // For a few rows, `W xᵀ` is faster with candle's gemm (1.4-2x at 8 rows here); for
-        // many rows (prefill, training) `x Wᵀ` is.
-        let w = &self.weight;
-        let y = if x.dim(0)? <= SKINNY_ROWS {
-            w.matmul(&x.t()?)?.t()?.contiguous()?
-        } else {
-            x.matmul(&w.t()?)?
+        let y = match &self.weight {
+            // For a few rows, `W xᵀ` is faster with candle's gemm (1.4-2x at 8 rows here); for
+            // many rows (prefill, training) `x Wᵀ` is.
+            Weight::Dense(w) if x.dim(0)? <= SKINNY_ROWS => w.matmul(&x.t()?)?.t()?.contiguous()?,
+            Weight::Dense(w) => x.matmul(&w.t()?)?,
+            Weight::Quantized(_, q) => q.forward(x)?,
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -73,9 +96,15 @@ impl Linear {
 
     /// This layer with `s · B A` added to its (dense) weight: LoRA merged for serving.
     fn merged(&self, pair: &LoraPair, scale: f64) -> Result<Self> {
+        let Weight::Dense(w) = &self.weight else {
+            return Err(LlmError::invalid(
+                "adapter",
+                "merging an adapter needs dense weights (load the model with dense weights)",
+            ));
+        };
         let delta = (pair.b.matmul(&pair.a)? * scale)?;
         Ok(Self {
-            weight: (&self.weight + delta)?,
+            weight: Weight::Dense((w + delta)?),
             bias: self.bias.clone(),
         })
     }
@@ -253,10 +282,12 @@ enum Ops {
 impl LlamaModel {
     /// Builds the model from tensors named as in Hugging Face checkpoints
     /// (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`, …,
-    /// `model.norm.weight`, `lm_head.weight` unless tied), all f32.
+    /// `model.norm.weight`, `lm_head.weight` unless tied): f32 tensors in `dense`, and linear
+    /// weights that should stay quantized in `quantized` (the embedding and norms are dense).
     pub fn from_weights(
         cfg: ModelConfig,
         mut dense: HashMap<String, Tensor>,
+        mut quantized: HashMap<String, Arc<QTensor>>,
         device: &Device,
         source: &std::path::Path,
     ) -> Result<Self> {
@@ -282,8 +313,27 @@ impl LlamaModel {
             let mlp_norm = take_dense(&format!("{p}.post_attention_layernorm.weight"))?;
             let mut linear = |module: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
                 let name = format!("{p}.{module}.weight");
-                let weight = take_dense(&name)?;
-                check_shape(source, &name, &weight, &[out, inp])?;
+                let weight = match quantized.remove(&name) {
+                    Some(q) => {
+                        if q.shape().dims() != [out, inp] {
+                            return Err(LlmError::model_file(
+                                source,
+                                format!(
+                                    "tensor {name} has shape {:?}, the config needs {:?}",
+                                    q.shape().dims(),
+                                    [out, inp]
+                                ),
+                            ));
+                        }
+                        let mm = QMatMul::from_arc(Arc::clone(&q))?;
+                        Weight::Quantized(q, Arc::new(mm))
+                    }
+                    None => {
+                        let w = take_dense(&name)?;
+                        check_shape(source, &name, &w, &[out, inp])?;
+                        Weight::Dense(w)
+                    }
+                };
                 let bias = if bias {
                     Some(take_dense(&format!("{p}.{module}.bias"))?)
                 } else {
@@ -305,9 +355,21 @@ impl LlamaModel {
                 down: linear("mlp.down_proj", h, f, false)?,
             });
         }
-        let lm_head = if cfg.tie_word_embeddings {
+        let lm_head = if let Some(q) = quantized.remove("lm_head.weight") {
+            if q.shape().dims() != [cfg.vocab_size, cfg.hidden_size] {
+                return Err(LlmError::model_file(
+                    source,
+                    "lm_head.weight does not match the vocabulary and hidden size",
+                ));
+            }
+            let mm = QMatMul::from_arc(Arc::clone(&q))?;
             Linear {
-                weight: embed.clone(),
+                weight: Weight::Quantized(q, Arc::new(mm)),
+                bias: None,
+            }
+        } else if cfg.tie_word_embeddings {
+            Linear {
+                weight: Weight::Dense(embed.clone()),
                 bias: None,
             }
         } else {
@@ -319,7 +381,7 @@ impl LlamaModel {
                 &[cfg.vocab_size, cfg.hidden_size],
             )?;
             Linear {
-                weight: w,
+                weight: Weight::Dense(w),
                 bias: None,
             }
         };
@@ -345,14 +407,17 @@ impl LlamaModel {
 
     /// Every weight under its Hugging Face name (`model.layers.{i}.self_attn.q_proj.weight`,
     /// …; `lm_head.weight` only when untied), in Hugging Face's layouts: what a
-    /// `model.safetensors` of this model holds.
-    pub fn weights(&self) -> Vec<(String, Tensor)> {
+    /// `model.safetensors` of this model holds (quantized weights are dequantized).
+    pub fn weights(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = vec![
             ("model.embed_tokens.weight".to_string(), self.embed.clone()),
             ("model.norm.weight".to_string(), self.norm.clone()),
         ];
         if !self.cfg.tie_word_embeddings {
-            out.push(("lm_head.weight".to_string(), self.lm_head.weight.clone()));
+            out.push((
+                "lm_head.weight".to_string(),
+                self.lm_head.weight.to_dense()?,
+            ));
         }
         for (i, b) in self.blocks.iter().enumerate() {
             let p = format!("model.layers.{i}");
@@ -363,13 +428,23 @@ impl LlamaModel {
             ));
             for t in Target::ALL {
                 let l = b.linear(t);
-                out.push((format!("{p}.{}.weight", t.path()), l.weight.clone()));
+                out.push((format!("{p}.{}.weight", t.path()), l.weight.to_dense()?));
                 if let Some(bias) = &l.bias {
                     out.push((format!("{p}.{}.bias", t.path()), bias.clone()));
                 }
             }
         }
-        out
+        Ok(out)
+    }
+
+    /// Whether every weight is dense f32: required for training (no gradient flows through
+    /// quantized weights) and for the sampler to report exactly what training recomputes.
+    pub fn is_dense(&self) -> bool {
+        self.blocks.iter().all(|b| {
+            Target::ALL
+                .iter()
+                .all(|&t| matches!(b.linear(t).weight, Weight::Dense(_)))
+        }) && matches!(self.lm_head.weight, Weight::Dense(_))
     }
 
     /// The model's shape.
@@ -406,9 +481,9 @@ impl LlamaModel {
     }
 
     /// Teacher-forced logits for a batch of equal-length sequences: `tokens: [batch, seq]`
-    /// (u32) → `[batch, seq, vocab]` (f32), position `t` predicting token `t + 1`. Every op
-    /// has a backward pass, so gradients reach the LoRA factors (and the base weights, were
-    /// they variables). Sequences of different lengths are right-padded by the caller; the
+    /// (u32) → `[batch, seq, vocab]` (f32), position `t` predicting token `t + 1`. With dense
+    /// weights ([`LlamaModel::is_dense`]) every op has a backward pass, so gradients reach the
+    /// LoRA factors (and the base weights, were they variables). Sequences of different lengths are right-padded by the caller; the
     /// causal mask keeps padding from affecting earlier positions.
     pub fn forward_logits(&self, tokens: &Tensor, adapter: Option<&LoraAdapter>) -> Result<Tensor> {
         let (b, t) = tokens.dims2()?;

@@ -399,7 +399,7 @@ fn a_hugging_face_directory_of_the_same_weights_gives_the_same_logits() {
     )
     .unwrap();
     // Stored as bf16 would lose precision; f16/bf16 files are converted at load like f32 ones.
-    let weights: HashMap<String, Tensor> = lm.model.weights().into_iter().collect();
+    let weights: HashMap<String, Tensor> = lm.model.weights().unwrap().into_iter().collect();
     candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
 
     let hf = agl_llm::load(
@@ -425,4 +425,46 @@ fn a_hugging_face_directory_of_the_same_weights_gives_the_same_logits() {
     let a = lm.model.forward_logits(&ids, None).unwrap();
     let b = hf.model.forward_logits(&ids, None).unwrap();
     assert_eq!(max_abs_diff(&a, &b), 0.0);
+}
+
+#[test]
+fn the_q8_serving_weights_track_the_dense_model() {
+    let (Some(path), Some(lm)) = (common::model_path(), common::loaded()) else {
+        return;
+    };
+    let q8 = agl_llm::load(
+        &agl_llm::ModelFiles::Gguf(path),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Q8,
+    )
+    .unwrap();
+    assert!(lm.model.is_dense() && !q8.model.is_dense());
+    let mc = lm.model.config();
+    let (adapter, _) =
+        LoraAdapter::new_trainable(LoraConfig::default(), mc, &Device::Cpu, 1).unwrap();
+    let e = q8.model.merge_adapter(&adapter).unwrap_err().to_string();
+    assert!(e.contains("dense"), "{e}");
+    // Next-token distributions after each of three chat prompts: the dense model's choice is
+    // among the quantized model's five most likely tokens.
+    for q in QUESTIONS {
+        let prompt = common::chat_prompt(lm, q);
+        let logits = |m: &agl_llm::LlamaModel| {
+            let mut cache = agl_llm::KvCache::new(mc, 1, prompt.len() + 1, &Device::Cpu).unwrap();
+            m.prefill(&prompt, &mut cache, None)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        let (dense, quant) = (logits(&lm.model), logits(&q8.model));
+        let best = (0..dense.len())
+            .max_by(|&a, &b| dense[a].total_cmp(&dense[b]))
+            .unwrap();
+        let mut order: Vec<usize> = (0..quant.len()).collect();
+        order.sort_by(|&a, &b| quant[b].total_cmp(&quant[a]));
+        assert!(
+            order[..5].contains(&best),
+            "dense top-1 {best} not in q8 top-5 {:?}",
+            &order[..5]
+        );
+    }
 }
