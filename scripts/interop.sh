@@ -44,61 +44,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # The Python client sends no bearer token: make sure `agl store` does not require one.
 unset AGL_STORE_TOKEN
 
-run() {
-    echo "+ $*" >&2
-    "$@"
-}
-
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/agl-interop.XXXXXX")"
-SERVER_PID=""
-
-stop_server() {
-    if [ -n "$SERVER_PID" ]; then
-        if kill -0 "$SERVER_PID" 2>/dev/null; then
-            kill -TERM "$SERVER_PID" 2>/dev/null || true
-            for _ in $(seq 1 50); do
-                kill -0 "$SERVER_PID" 2>/dev/null || break
-                sleep 0.1
-            done
-            kill -KILL "$SERVER_PID" 2>/dev/null || true
-        fi
-        wait "$SERVER_PID" 2>/dev/null || true
-        SERVER_PID=""
-    fi
-}
-
-cleanup() {
-    stop_server
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+SCRIPT=interop.sh
+# shellcheck source=scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
 
 # ---------------------------------------------------------------------------------------------
 # 1. The Python environment (cached across runs).
 # ---------------------------------------------------------------------------------------------
-"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || {
-    echo "interop.sh: $PYTHON is older than 3.10 (agentlightning 0.3.0 needs 3.10+)" >&2
-    exit 1
-}
-# The marker: the interpreter's version and the hash of the pinned requirements.
-WANT_MARKER="$("$PYTHON" -c 'import hashlib, sys
-print(sys.version.split()[0])
-print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$REQS")"
-if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT_MARKER" ] && [ -x "$VENV/bin/python" ]; then
-    echo "interop.sh: reusing the virtual environment $VENV" >&2
-else
-    if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ] && [ -n "$(ls -A "$VENV" 2>/dev/null)" ]; then
-        echo "interop.sh: $VENV exists and is not a virtual environment; refusing to touch it" >&2
-        exit 1
-    fi
-    rm -f "$MARKER"
-    run "$PYTHON" -m venv --clear "$VENV"
-    run "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    run "$VENV/bin/python" -m pip install --quiet -r "$REQS"
-    run "$VENV/bin/python" -m pip check
-    printf '%s\n' "$WANT_MARKER" >"$MARKER"
-fi
+ensure_venv "$PYTHON" "$VENV" "$REQS" "$MARKER" 10
 PY="$VENV/bin/python"
 
 # ---------------------------------------------------------------------------------------------
