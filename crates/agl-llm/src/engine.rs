@@ -628,10 +628,12 @@ impl Worker {
     ) -> std::result::Result<Option<Group>, (tmpsc::UnboundedSender<Event>, LlmError)> {
         let model = &self.shared.model;
         let t0 = Instant::now();
-        let capacity = job.prompt.len() + job.max_tokens;
+        // Room for 256 new tokens now; the cache grows towards prompt + max_tokens on demand.
+        let limit = job.prompt.len() + job.max_tokens;
+        let initial = job.prompt.len() + job.max_tokens.min(256);
         let adapter = job.adapter.as_ref().map(|(_, a)| a.as_ref());
         let prefilled = (|| -> Result<(KvCache, Vec<f32>)> {
-            let mut cache = KvCache::new(model.config(), 1, capacity, model.device())?;
+            let mut cache = KvCache::with_limit(model.config(), 1, initial, limit, model.device())?;
             let logits = model.prefill(&job.prompt, &mut cache, adapter)?;
             Ok((cache, logits.to_vec1::<f32>()?))
         })();
@@ -771,12 +773,8 @@ impl Worker {
             if let Some(c) = row.counts.get_mut(s.token as usize) {
                 *c += 1;
             }
-            let outcome = self.check_row(
-                row,
-                s.token,
-                &g.job,
-                g.cache.len() + 1 >= g.cache.capacity(),
-            );
+            let outcome =
+                self.check_row(row, s.token, &g.job, g.cache.len() + 1 >= g.cache.limit());
             let delta = match &outcome {
                 RowOutcome::Continue => self.take_safe_text(row, &g.job.params.stop),
                 RowOutcome::Done(..) => String::new(),

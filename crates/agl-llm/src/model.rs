@@ -140,19 +140,35 @@ impl Block {
 
 /// The key/value cache of one group of rows that decode in lockstep (the `G` completions of
 /// one prompt, or a single request): per layer, keys and values of shape
-/// `[rows, kv_heads, capacity, head_dim]`, filled up to [`KvCache::len`] positions.
+/// `[rows, kv_heads, capacity, head_dim]`, filled up to [`KvCache::len`] positions. The
+/// allocation grows (doubling, with one copy of the filled part) up to [`KvCache::limit`]
+/// positions, so a request allowed the whole context does not reserve it up front.
 #[derive(Debug)]
 pub struct KvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     len: usize,
     capacity: usize,
+    limit: usize,
     rows: usize,
 }
 
 impl KvCache {
-    /// An empty cache for `rows` rows and at most `capacity` positions.
+    /// An empty cache for `rows` rows, allocated for all of its `capacity` positions.
     pub fn new(cfg: &ModelConfig, rows: usize, capacity: usize, device: &Device) -> Result<Self> {
+        Self::with_limit(cfg, rows, capacity, capacity, device)
+    }
+
+    /// An empty cache for `rows` rows that allocates `initial` positions now and grows on
+    /// demand up to `limit`.
+    pub fn with_limit(
+        cfg: &ModelConfig,
+        rows: usize,
+        initial: usize,
+        limit: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let capacity = initial.min(limit).max(1);
         let shape = (rows, cfg.num_key_value_heads, capacity, cfg.head_dim);
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
@@ -165,8 +181,42 @@ impl KvCache {
             v,
             len: 0,
             capacity,
+            limit: limit.max(capacity),
             rows,
         })
+    }
+
+    /// Most positions this cache may ever hold.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Makes room for `needed` positions in all: grows the allocation (at least doubling,
+    /// copying the filled part once) when needed; more than [`KvCache::limit`] is an error.
+    pub fn reserve(&mut self, needed: usize) -> Result<()> {
+        if needed <= self.capacity {
+            return Ok(());
+        }
+        if needed > self.limit {
+            return Err(LlmError::invalid(
+                "max_tokens",
+                format!(
+                    "the cache holds at most {} positions, {needed} needed",
+                    self.limit
+                ),
+            ));
+        }
+        let capacity = needed.max(self.capacity * 2).min(self.limit);
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let (rows, heads, _, hd) = t.dims4()?;
+            let grown = Tensor::zeros((rows, heads, capacity, hd), t.dtype(), t.device())?;
+            if self.len > 0 {
+                grown.slice_set(&t.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+            }
+            *t = grown;
+        }
+        self.capacity = capacity;
+        Ok(())
     }
 
     /// Positions filled.
@@ -209,6 +259,7 @@ impl KvCache {
             v: self.v.iter().map(rep).collect::<Result<_>>()?,
             len: self.len,
             capacity: self.capacity,
+            limit: self.limit,
             rows,
         })
     }
@@ -521,12 +572,13 @@ impl LlamaModel {
         if tokens.is_empty() {
             return Err(LlmError::invalid("prompt", "the prompt has no tokens"));
         }
-        if cache.rows() != 1 || cache.len() + tokens.len() > cache.capacity() {
+        if cache.rows() != 1 {
             return Err(LlmError::invalid(
                 "prompt",
-                "the cache cannot hold this prompt",
+                "prefill takes a single-row cache",
             ));
         }
+        cache.reserve(cache.len() + tokens.len())?;
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let start = cache.len();
         let hidden = self.forward_hidden(&ids, start, Some(cache), adapter, Ops::Fused)?;
@@ -545,13 +597,11 @@ impl LlamaModel {
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let mut ids = Vec::new();
-        for g in groups.iter() {
+        for g in groups.iter_mut() {
             if g.tokens.len() != g.cache.rows() {
                 return Err(LlmError::invalid("tokens", "one token per cache row"));
             }
-            if g.cache.len() >= g.cache.capacity() {
-                return Err(LlmError::invalid("max_tokens", "the cache is full"));
-            }
+            g.cache.reserve(g.cache.len() + 1)?;
             ids.extend_from_slice(g.tokens);
         }
         let n = ids.len();

@@ -468,3 +468,47 @@ fn the_q8_serving_weights_track_the_dense_model() {
         );
     }
 }
+
+#[test]
+fn a_growing_cache_decodes_exactly_like_a_preallocated_one() {
+    let Some(lm) = common::loaded() else { return };
+    let mc = lm.model.config();
+    let prompt = common::chat_prompt(lm, QUESTIONS[0]);
+    let run = |mut cache: agl_llm::KvCache| {
+        let mut last = lm.model.prefill(&prompt, &mut cache, None).unwrap();
+        let mut rows = Vec::new();
+        for _ in 0..12 {
+            let v = last.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let next = (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap() as u32;
+            rows.push((next, v));
+            let tokens = [next];
+            let mut groups = [agl_llm::model::DecodeGroup {
+                tokens: &tokens,
+                cache: &mut cache,
+            }];
+            last = lm.model.decode(&mut groups, None).unwrap();
+        }
+        (rows, cache.capacity())
+    };
+    let limit = prompt.len() + 16;
+    let (grown, grown_cap) =
+        run(agl_llm::KvCache::with_limit(mc, 1, prompt.len() + 1, limit, &Device::Cpu).unwrap());
+    let (fixed, _) = run(agl_llm::KvCache::new(mc, 1, limit, &Device::Cpu).unwrap());
+    assert!(
+        grown_cap > prompt.len() + 1 && grown_cap <= limit,
+        "the cache grew within its limit"
+    );
+    for ((ta, la), (tb, lb)) in grown.iter().zip(&fixed) {
+        assert_eq!(ta, tb);
+        assert_eq!(la, lb);
+    }
+    // Past the limit: an error, not a panic.
+    let mut cache = agl_llm::KvCache::with_limit(mc, 1, 4, prompt.len(), &Device::Cpu).unwrap();
+    lm.model.prefill(&prompt, &mut cache, None).unwrap();
+    let tokens = [1u32];
+    let mut groups = [agl_llm::model::DecodeGroup {
+        tokens: &tokens,
+        cache: &mut cache,
+    }];
+    assert!(lm.model.decode(&mut groups, None).is_err());
+}
