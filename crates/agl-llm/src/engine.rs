@@ -302,10 +302,24 @@ struct Shared {
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// The engine (cheap to clone; all clones share one worker).
+/// The engine (cheap to clone; all clones share one worker). When the last clone is dropped
+/// the worker stops taking requests, finishes the running ones and exits, releasing the model.
 #[derive(Clone)]
 pub struct Engine {
     shared: Arc<Shared>,
+    _stop: Arc<StopOnDrop>,
+}
+
+/// Closes the request channel when the last [`Engine`] clone goes (the worker holds the shared
+/// state too, so the channel alone would never close).
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Ok(mut tx) = self.0.tx.lock() {
+            tx.take();
+        }
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -338,7 +352,11 @@ impl Engine {
         if let Ok(mut w) = shared.worker.lock() {
             *w = Some(handle);
         }
-        Ok(Self { shared })
+        let stop = Arc::new(StopOnDrop(Arc::clone(&shared)));
+        Ok(Self {
+            shared,
+            _stop: stop,
+        })
     }
 
     /// The base model's served name.

@@ -282,7 +282,6 @@ fn zero_b_adapter_is_the_base_model_and_merging_agrees() {
         .unwrap();
     let train_last = unmerged.squeeze(0).unwrap().get(31).unwrap();
     assert!(max_abs_diff(&last, &train_last) < 1e-3);
-    let _ = DType::F32;
 }
 
 #[test]
@@ -511,4 +510,36 @@ fn a_growing_cache_decodes_exactly_like_a_preallocated_one() {
         cache: &mut cache,
     }];
     assert!(lm.model.decode(&mut groups, None).is_err());
+}
+
+#[test]
+fn dropping_the_last_engine_stops_its_worker_and_frees_the_model() {
+    let Some(lm) = common::loaded() else { return };
+    let engine = Engine::start(lm.clone(), EngineConfig::default()).unwrap();
+    let model = std::sync::Arc::downgrade(engine.model());
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(2),
+        ..Default::default()
+    };
+    let prompt = common::chat_prompt(lm, QUESTIONS[0]);
+    let clone = engine.clone();
+    clone
+        .generate_blocking(GenerateRequest {
+            model: None,
+            prompt,
+            params,
+        })
+        .unwrap();
+    drop(engine);
+    assert!(model.upgrade().is_some(), "a clone still serves");
+    drop(clone);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while model.upgrade().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker kept the model alive"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
