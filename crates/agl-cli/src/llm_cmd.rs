@@ -178,13 +178,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
+        let signals = agl_server::server::ShutdownSignals::install();
         {
             use std::io::Write;
             println!("agl llm serve: listening on http://{local} (model {name})");
             let _ = std::io::stdout().flush();
         }
         api::serve(listener, router, async {
-            agl_server::server::wait_for_signal().await;
+            signals.recv().await;
             eprintln!("agl llm serve: shutting down (finishing requests in flight)");
         })
         .await

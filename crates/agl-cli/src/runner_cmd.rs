@@ -254,11 +254,12 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
                 })
             })
             .collect();
+        let signals = agl_server::server::ShutdownSignals::install();
         println!(
             "agl runner {pid}: {} workers serving {}",
             args.workers, args.store_url
         );
-        agl_server::server::wait_for_signal().await;
+        signals.recv().await;
         stop.store(true, std::sync::atomic::Ordering::Release);
         let mut done = 0u64;
         for w in workers {

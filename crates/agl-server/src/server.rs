@@ -258,33 +258,71 @@ pub async fn serve_until_signal(
     config: ServerConfig,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
+    let signals = ShutdownSignals::install();
     let server = start(store, config).await?;
     on_ready(server.addr());
-    wait_for_signal().await;
+    signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests and closing the store");
     server.shutdown().await
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C); on other platforms on Ctrl-C. What `agl store`
-/// and `agl runner` wait for before shutting down.
-#[cfg(unix)]
-pub async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+/// SIGTERM and SIGINT handlers, installed when this is created: a process that announces it is
+/// ready only after creating it cannot be killed by a SIGTERM that arrives in between (the
+/// handlers of a lazily polled future would not be installed yet). Needs a Tokio runtime.
+#[derive(Debug)]
+pub struct ShutdownSignals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    /// Installs the handlers now.
+    pub fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
             }
         }
-        Err(_) => {
+        #[cfg(not(unix))]
+        {
+            Self {}
+        }
+    }
+
+    /// Resolves on SIGTERM or SIGINT (Ctrl-C); on other platforms on Ctrl-C.
+    pub async fn recv(mut self) {
+        #[cfg(unix)]
+        {
+            match (self.term.as_mut(), self.int.as_mut()) {
+                (Some(term), Some(int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                (Some(term), None) => {
+                    term.recv().await;
+                }
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
 }
 
-/// Resolves on Ctrl-C.
-#[cfg(not(unix))]
+/// Resolves on SIGTERM or SIGINT (Ctrl-C); on other platforms on Ctrl-C. The handlers are
+/// installed on the first poll: to close the gap before a readiness message, create
+/// [`ShutdownSignals`] first. What `agl store`, `agl runner` and `agl llm serve` wait for.
 pub async fn wait_for_signal() {
-    let _ = tokio::signal::ctrl_c().await;
+    ShutdownSignals::install().recv().await;
 }
