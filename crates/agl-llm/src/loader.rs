@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};

@@ -16,6 +16,9 @@
 //!   kernels are used where candle has them. The two modes agree to ~1e-4 in the logits, so the
 //!   log-probabilities the sampler reports are the ones training recomputes (tested).
 //!
+//! Linear weights are dense f32 ([`Weight::Dense`]: exact, trainable) or, for serving only,
+//! GGML Q8_0 blocks ([`Weight::Quantized`], see [`crate::loader::WeightFormat::Q8`]).
+//!
 //! Not responsible for reading files ([`crate::loader`]), sampling decisions
 //! ([`crate::sampling`]) or scheduling ([`crate::engine`]).
 
