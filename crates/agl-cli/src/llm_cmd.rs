@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
 use agl_llm::api::{self, ApiOptions};
-use agl_llm::{Engine, EngineConfig, ModelFiles, WeightFormat};
+use agl_llm::{Engine, EngineConfig, WeightFormat};
 
 /// `agl llm …`.
 #[derive(Debug, Subcommand)]
@@ -126,12 +126,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|s| parse_adapter(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let location = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
+    let files = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
         .with_context(|| format!("resolving --model {}", args.model))?;
-    let files = match location {
-        agl_llm::hub::ModelLocation::Gguf(p) => ModelFiles::Gguf(p),
-        agl_llm::hub::ModelLocation::HfDir(p) => ModelFiles::HfDir(p),
-    };
     let format = args.weights.format();
     let t0 = Instant::now();
     let device = agl_llm::loader::device(&args.device)?;

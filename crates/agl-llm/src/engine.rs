@@ -28,7 +28,7 @@ use crate::loader::LoadedModel;
 use crate::lora::LoraAdapter;
 use crate::model::{DecodeGroup, KvCache, LlamaModel};
 use crate::sampling::{SamplingParams, sample};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Why a completion ended, as OpenAI names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -177,25 +177,44 @@ impl Stream {
 }
 
 struct Collector {
-    parts: Vec<Option<Completion>>,
+    parts: Vec<Completion>,
     done: usize,
+}
+
+impl Completion {
+    /// Completion `index` before its first event (finish reason `length` until it ends).
+    pub fn new(index: usize) -> Self {
+        Self {
+            index,
+            token_ids: Vec::new(),
+            text: String::new(),
+            logprobs: Vec::new(),
+            finish_reason: FinishReason::Length,
+            stop_reason: None,
+        }
+    }
+
+    /// Applies an [`Event::Token`]: one sampled token and its new text.
+    pub fn push_token(&mut self, logprob: TokenLogprob, text: &str) {
+        self.token_ids.push(logprob.token_id);
+        self.text.push_str(text);
+        self.logprobs.push(logprob);
+    }
+
+    /// Applies an [`Event::Finished`]: why it ended, and the last of its text.
+    pub fn finish(&mut self, reason: FinishReason, stop: Option<StopReason>, text: &str) {
+        self.text.push_str(text);
+        self.finish_reason = reason;
+        self.stop_reason = stop;
+    }
 }
 
 impl Collector {
     fn new(n: usize) -> Self {
-        let parts = (0..n)
-            .map(|index| {
-                Some(Completion {
-                    index,
-                    token_ids: Vec::new(),
-                    text: String::new(),
-                    logprobs: Vec::new(),
-                    finish_reason: FinishReason::Length,
-                    stop_reason: None,
-                })
-            })
-            .collect();
-        Self { parts, done: 0 }
+        Self {
+            parts: (0..n).map(Completion::new).collect(),
+            done: 0,
+        }
     }
 
     /// Returns true when every completion has finished.
@@ -206,10 +225,8 @@ impl Collector {
                 logprob,
                 text,
             } => {
-                if let Some(Some(c)) = self.parts.get_mut(index) {
-                    c.token_ids.push(logprob.token_id);
-                    c.text.push_str(&text);
-                    c.logprobs.push(logprob);
+                if let Some(c) = self.parts.get_mut(index) {
+                    c.push_token(logprob, &text);
                 }
             }
             Event::Finished {
@@ -218,10 +235,8 @@ impl Collector {
                 stop,
                 text,
             } => {
-                if let Some(Some(c)) = self.parts.get_mut(index) {
-                    c.text.push_str(&text);
-                    c.finish_reason = reason;
-                    c.stop_reason = stop;
+                if let Some(c) = self.parts.get_mut(index) {
+                    c.finish(reason, stop, &text);
                 }
                 self.done += 1;
             }
@@ -237,7 +252,7 @@ impl Collector {
         Ok(Generation {
             model,
             prompt_token_ids,
-            completions: self.parts.into_iter().flatten().collect(),
+            completions: self.parts,
         })
     }
 }
@@ -543,8 +558,9 @@ struct Row {
     index: usize,
     rng: rand_chacha::ChaCha8Rng,
     tokens: Vec<u32>,
-    /// Tokens whose text counts (not end-of-sequence / stop ids).
-    text_tokens: Vec<u32>,
+    /// Turns the tokens whose text counts (not end-of-sequence / stop ids) into text, holding
+    /// back an incomplete UTF-8 character.
+    decoder: IncrementalDecoder,
     text: String,
     emitted: usize,
     counts: Vec<u32>,
@@ -556,6 +572,13 @@ struct Group {
     cache: KvCache,
     /// The token each row feeds into the next step.
     next: Vec<u32>,
+}
+
+impl Group {
+    /// The adapter this group decodes with (`None`: the base model).
+    fn adapter_name(&self) -> Option<&str> {
+        self.job.adapter.as_ref().map(|(n, _)| n.as_str())
+    }
 }
 
 struct Worker {
@@ -682,7 +705,7 @@ impl Worker {
                 index,
                 rng: job.params.rng(index),
                 tokens: Vec::new(),
-                text_tokens: Vec::new(),
+                decoder: IncrementalDecoder::new(job.params.skip_special_tokens),
                 text: String::new(),
                 emitted: 0,
                 counts: if penalised {
@@ -715,45 +738,34 @@ impl Worker {
         // Partition by adapter (None first); each partition is one batched forward.
         let mut keys: Vec<Option<String>> = Vec::new();
         for g in groups.iter() {
-            let k = g.job.adapter.as_ref().map(|(n, _)| n.clone());
+            let k = g.adapter_name().map(str::to_string);
             if !keys.contains(&k) {
                 keys.push(k);
             }
         }
         let mut total_rows = 0;
         for key in keys {
-            let idx: Vec<usize> = (0..groups.len())
-                .filter(|&i| groups[i].job.adapter.as_ref().map(|(n, _)| n.clone()) == key)
-                .collect();
-            let adapter = groups[idx[0]]
-                .job
-                .adapter
-                .as_ref()
-                .map(|(_, a)| Arc::clone(a));
+            let in_part = |g: &Group| g.adapter_name() == key.as_deref();
+            let adapter = groups
+                .iter()
+                .find(|g| in_part(g))
+                .and_then(|g| g.job.adapter.as_ref().map(|(_, a)| Arc::clone(a)));
             let logits = {
-                let mut parts: Vec<DecodeGroup<'_>> = Vec::with_capacity(idx.len());
-                let mut rest: Vec<&mut Group> = groups.iter_mut().collect();
-                // Keep only the groups of this partition, in order.
-                let mut pos = 0;
-                rest.retain(|_| {
-                    let keep = idx.contains(&pos);
-                    pos += 1;
-                    keep
-                });
-                for g in rest {
-                    parts.push(DecodeGroup {
+                let mut parts: Vec<DecodeGroup<'_>> = groups
+                    .iter_mut()
+                    .filter(|g| in_part(g))
+                    .map(|g| DecodeGroup {
                         tokens: &g.next,
                         cache: &mut g.cache,
-                    });
-                }
+                    })
+                    .collect();
                 self.shared
                     .model
                     .decode(&mut parts, adapter.as_deref())?
                     .to_vec2::<f32>()?
             };
             let mut offset = 0;
-            for &i in &idx {
-                let g = &mut groups[i];
+            for g in groups.iter_mut().filter(|g| in_part(g)) {
                 let r = g.rows.len();
                 let rows: Vec<&[f32]> = logits[offset..offset + r]
                     .iter()
@@ -863,15 +875,15 @@ impl Worker {
             let rest = tail(&row.text, row.emitted);
             return RowOutcome::Done(FinishReason::Stop, Some(StopReason::TokenId(token)), rest);
         }
-        row.text_tokens.push(token);
-        if let Ok(t) = self
-            .shared
-            .tokenizer
-            .decode(&row.text_tokens, p.skip_special_tokens)
-        {
-            // Hold text that ends in an incomplete UTF-8 sequence (U+FFFD) until it completes.
-            if !t.ends_with('\u{FFFD}') || row.tokens.len() >= job.max_tokens || cache_full {
-                row.text = t;
+        let tokenizer = &self.shared.tokenizer;
+        if let Ok(delta) = row.decoder.push(tokenizer, token) {
+            row.text.push_str(&delta);
+        }
+        let at_length = row.tokens.len() >= job.max_tokens || cache_full;
+        if at_length {
+            // The last token: what is still held back (an incomplete character) is final.
+            if let Ok(rest) = row.decoder.finish(tokenizer) {
+                row.text.push_str(&rest);
             }
         }
         if !p.stop.is_empty() {
@@ -896,7 +908,7 @@ impl Worker {
                 );
             }
         }
-        if row.tokens.len() >= job.max_tokens || cache_full {
+        if at_length {
             let rest = tail(&row.text, row.emitted);
             return RowOutcome::Done(FinishReason::Length, None, rest);
         }

@@ -86,13 +86,10 @@ pub fn cached_path(model: &KnownModel, home: &Path) -> PathBuf {
     home.join("models").join(model.name).join(model.file_name)
 }
 
-/// Where a model's files are: one GGUF file or a Hugging Face model directory.
-pub type ModelLocation = ModelFiles;
-
 /// Resolves `--model`: a known name (its cached file; not pulled yet is an error that says
 /// how to pull it), a path to a `.gguf` file (its magic bytes are checked), or a directory
 /// with `config.json` (Hugging Face layout).
-pub fn resolve(spec: &str, home: &Path) -> Result<ModelLocation> {
+pub fn resolve(spec: &str, home: &Path) -> Result<ModelFiles> {
     if let Some(m) = known(spec) {
         let path = cached_path(m, home);
         if path.is_file() {

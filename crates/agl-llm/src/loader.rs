@@ -114,6 +114,12 @@ pub fn load_gguf(path: &Path, device: &Device, format: WeightFormat) -> Result<L
             .tensor(file, name, device)
             .map_err(|e| LlmError::model_file(path, format!("tensor {name}: {e}")))
     };
+    // The embedding lookup table is always f32; read once, it may also serve as the LM head.
+    let token_embd = read(&mut file, "token_embd.weight")?;
+    dense.insert(
+        "model.embed_tokens.weight".to_string(),
+        token_embd.dequantize(device)?,
+    );
     let mut put =
         |hf: String, q: QTensor, permute_heads: Option<usize>, linear: bool| -> Result<()> {
             let keep_quantized = linear && format == WeightFormat::Q8;
@@ -135,21 +141,10 @@ pub fn load_gguf(path: &Path, device: &Device, format: WeightFormat) -> Result<L
         };
     // llama.cpp permutes q/k rows of llama models only (qwen2 uses its neox rope as is).
     let permuted = cfg.architecture == Architecture::Llama;
-    put(
-        "model.embed_tokens.weight".into(),
-        read(&mut file, "token_embd.weight")?,
-        None,
-        false,
-    )?;
     if cfg.tie_word_embeddings && format == WeightFormat::Q8 {
-        // The tied LM head reads the whole embedding per token: quantize it too (llama.cpp
-        // multiplies by the quantized token_embd).
-        put(
-            "lm_head.weight".into(),
-            read(&mut file, "token_embd.weight")?,
-            None,
-            true,
-        )?;
+        // The tied LM head reads the whole embedding per token: keep the file's blocks for it
+        // too (llama.cpp multiplies by the quantized token_embd).
+        put("lm_head.weight".into(), token_embd, None, true)?;
     }
     put(
         "model.norm.weight".into(),

@@ -242,15 +242,6 @@ impl KvCache {
         self.rows
     }
 
-    /// Bytes of keys and values held (allocated capacity, f32).
-    pub fn bytes(&self) -> usize {
-        self.k
-            .iter()
-            .chain(&self.v)
-            .map(|t| t.elem_count() * 4)
-            .sum()
-    }
-
     /// A copy of row 0 repeated `rows` times: a prompt prefilled once becomes a group.
     pub fn expand(&self, rows: usize) -> Result<Self> {
         let rep = |t: &Tensor| -> Result<Tensor> {
@@ -701,6 +692,14 @@ impl LlamaModel {
         let mut x = self.embed.index_select(&flat, 0)?;
         let cos = self.cos.narrow(0, start, t)?;
         let sin = self.sin.narrow(0, start, t)?;
+        // The composed rope multiplies by full-width tables: repeat the halves once, not per layer.
+        let (cos, sin) = match ops {
+            Ops::Fused => (cos, sin),
+            Ops::Differentiable => (
+                Tensor::cat(&[&cos, &cos], D::Minus1)?,
+                Tensor::cat(&[&sin, &sin], D::Minus1)?,
+            ),
+        };
         let mask = if t > 1 {
             Some(causal_mask(t, start, &self.device)?)
         } else {
@@ -766,19 +765,18 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, ops: Ops) -> Result<Tensor> {
     }
 }
 
-/// Rotary embedding, rotate-half layout: `x: [b, heads, t, head_dim]`, `cos`/`sin: [t,
-/// head_dim / 2]`.
+/// Rotary embedding, rotate-half layout: `x: [b, heads, t, head_dim]`; `cos`/`sin` are
+/// `[t, head_dim / 2]` for the fused kernel and `[t, head_dim]` (the halves repeated) for the
+/// composed ops.
 fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
     match ops {
         Ops::Fused => Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?),
         Ops::Differentiable => {
             let hd = x.dim(D::Minus1)?;
-            let cos = Tensor::cat(&[cos, cos], D::Minus1)?;
-            let sin = Tensor::cat(&[sin, sin], D::Minus1)?;
             let x1 = x.narrow(D::Minus1, 0, hd / 2)?;
             let x2 = x.narrow(D::Minus1, hd / 2, hd - hd / 2)?;
             let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-            Ok((x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?)
+            Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
         }
     }
 }

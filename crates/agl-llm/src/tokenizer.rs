@@ -139,12 +139,14 @@ fn meta_str<'a>(md: &'a HashMap<String, gguf_file::Value>, key: &str) -> Option<
     }
 }
 
-/// A string array (`tokens`, `merges`); `Ok(None)` when absent, an error when not strings.
-fn meta_strings(
+/// A metadata array with every element converted by `item` (which names what it expected);
+/// `Ok(None)` when the key is absent, an error naming the key and index otherwise.
+fn meta_array<T>(
     path: &Path,
     md: &HashMap<String, gguf_file::Value>,
     key: &str,
-) -> Result<Option<Vec<String>>> {
+    item: impl Fn(&gguf_file::Value) -> std::result::Result<T, String>,
+) -> Result<Option<Vec<T>>> {
     let Some(value) = md.get(key) else {
         return Ok(None);
     };
@@ -157,15 +159,21 @@ fn meta_strings(
     items
         .iter()
         .enumerate()
-        .map(|(i, v)| match v {
-            gguf_file::Value::String(s) => Ok(s.clone()),
-            other => Err(LlmError::model_file(
-                path,
-                format!("`{key}`[{i}] is not a string: {other:?}"),
-            )),
-        })
+        .map(|(i, v)| item(v).map_err(|m| LlmError::model_file(path, format!("`{key}`[{i}] {m}"))))
         .collect::<Result<Vec<_>>>()
         .map(Some)
+}
+
+/// A string array (`tokens`, `merges`); `Ok(None)` when absent, an error when not strings.
+fn meta_strings(
+    path: &Path,
+    md: &HashMap<String, gguf_file::Value>,
+    key: &str,
+) -> Result<Option<Vec<String>>> {
+    meta_array(path, md, key, |v| match v {
+        gguf_file::Value::String(s) => Ok(s.clone()),
+        other => Err(format!("is not a string: {other:?}")),
+    })
 }
 
 /// `tokenizer.ggml.token_type`: one integer per token (1 normal, 2 unknown, 3 control,
@@ -174,33 +182,13 @@ fn meta_token_types(
     path: &Path,
     md: &HashMap<String, gguf_file::Value>,
 ) -> Result<Option<Vec<i32>>> {
-    let key = "tokenizer.ggml.token_type";
-    let Some(value) = md.get(key) else {
-        return Ok(None);
-    };
-    let gguf_file::Value::Array(items) = value else {
-        return Err(LlmError::model_file(
-            path,
-            format!("`{key}` is not an array"),
-        ));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            gguf_file::Value::I32(t) => Ok(*t),
-            gguf_file::Value::U32(t) => i32::try_from(*t).map_err(|_| {
-                LlmError::model_file(path, format!("`{key}`[{i}] = {t} is out of range"))
-            }),
-            gguf_file::Value::I8(t) => Ok(i32::from(*t)),
-            gguf_file::Value::U8(t) => Ok(i32::from(*t)),
-            other => Err(LlmError::model_file(
-                path,
-                format!("`{key}`[{i}] is not an integer: {other:?}"),
-            )),
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
+    meta_array(path, md, "tokenizer.ggml.token_type", |v| match v {
+        gguf_file::Value::I32(t) => Ok(*t),
+        gguf_file::Value::U32(t) => i32::try_from(*t).map_err(|_| format!("= {t} is out of range")),
+        gguf_file::Value::I8(t) => Ok(i32::from(*t)),
+        gguf_file::Value::U8(t) => Ok(i32::from(*t)),
+        other => Err(format!("is not an integer: {other:?}")),
+    })
 }
 
 /// How GGUF `tokenizer.ggml.pre` values split text (see the module docs).

@@ -188,25 +188,22 @@ async fn chat(
     let choices = choices
         .into_iter()
         .enumerate()
-        .map(|(index, c)| {
-            let (reason, stop) = c.finish.unwrap_or((FinishReason::Length, None));
-            ChatChoice {
-                index,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: c.text,
-                },
-                logprobs: logprobs.map(|_| ChatLogprobs {
-                    content: c
-                        .logprobs
-                        .iter()
-                        .map(|lp| chat_logprob(&engine, lp))
-                        .collect(),
-                }),
-                finish_reason: reason.as_str(),
-                stop_reason: stop_reason_json(&stop),
-                token_ids: return_ids.then_some(c.token_ids),
-            }
+        .map(|(index, c)| ChatChoice {
+            index,
+            message: AssistantMessage {
+                role: "assistant",
+                content: c.text,
+            },
+            logprobs: logprobs.map(|_| ChatLogprobs {
+                content: c
+                    .logprobs
+                    .iter()
+                    .map(|lp| chat_logprob(&engine, lp))
+                    .collect(),
+            }),
+            finish_reason: c.finish_reason.as_str(),
+            stop_reason: stop_reason_json(&c.stop_reason),
+            token_ids: return_ids.then_some(c.token_ids),
         })
         .collect();
     let usage = Usage {
@@ -240,7 +237,7 @@ struct ChatChunks {
 }
 
 impl ChatChunks {
-    fn chunk(&self, choice: ChatChunkChoice) -> Bytes {
+    fn chunk(&self, choice: ChatChunkChoice, prompt_token_ids: Option<Vec<u32>>) -> Bytes {
         sse_data(&ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
@@ -248,7 +245,7 @@ impl ChatChunks {
             model: self.model.clone(),
             choices: vec![choice],
             usage: self.include_usage.then_some(None),
-            prompt_token_ids: None,
+            prompt_token_ids,
         })
     }
 }
@@ -272,15 +269,7 @@ impl ChunkFormat for ChatChunks {
             } else {
                 None
             };
-            out.push_back(sse_data(&ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![choice],
-                usage: self.include_usage.then_some(None),
-                prompt_token_ids,
-            }));
+            out.push_back(self.chunk(choice, prompt_token_ids));
         }
     }
 
@@ -309,7 +298,7 @@ impl ChunkFormat for ChatChunks {
             stop_reason: None,
             token_ids: with_ids.then(|| vec![logprob.token_id]),
         };
-        out.push_back(self.chunk(choice));
+        out.push_back(self.chunk(choice, None));
     }
 
     fn finished(
@@ -332,7 +321,7 @@ impl ChunkFormat for ChatChunks {
             stop_reason: stop_reason_json(&stop),
             token_ids: self.prompt_token_ids.is_some().then(Vec::new),
         };
-        out.push_back(self.chunk(choice));
+        out.push_back(self.chunk(choice, None));
     }
 
     fn usage(&mut self, usage: Usage) -> Option<Bytes> {

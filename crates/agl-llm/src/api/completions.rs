@@ -188,7 +188,6 @@ async fn complete(
     for (p, per_prompt) in gathered.into_iter().enumerate() {
         for (i, c) in per_prompt.into_iter().enumerate() {
             completion_tokens += c.token_ids.len();
-            let (reason, stop) = c.finish.unwrap_or((FinishReason::Length, None));
             let echoed = echo_texts.get(p).cloned().unwrap_or_default();
             let logprobs = req.logprobs.map(|_| {
                 let mut out = CompletionLogprobs::default();
@@ -202,8 +201,8 @@ async fn complete(
                 index: p * n + i,
                 text: echoed + &c.text,
                 logprobs,
-                finish_reason: Some(reason.as_str()),
-                stop_reason: stop_reason_json(&stop),
+                finish_reason: Some(c.finish_reason.as_str()),
+                stop_reason: stop_reason_json(&c.stop_reason),
                 prompt_token_ids: return_ids.then(|| prompt_ids[p].clone()),
                 token_ids: return_ids.then_some(c.token_ids),
             });

@@ -17,7 +17,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::AppState;
 use super::error::ApiError;
 use super::types::{CommonParams, Usage};
-use crate::engine::{Event, FinishReason, GenerateRequest, StopReason, Stream, TokenLogprob};
+use crate::engine::{
+    Completion, Event, FinishReason, GenerateRequest, StopReason, Stream, TokenLogprob,
+};
 use crate::sampling::SamplingParams;
 
 /// The log-probability JSON can carry: finite, at least -9999 (as vLLM clamps).
@@ -112,15 +114,6 @@ pub(crate) fn submit_all(
         .collect()
 }
 
-/// One choice being gathered.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Choice {
-    pub(crate) token_ids: Vec<u32>,
-    pub(crate) text: String,
-    pub(crate) logprobs: Vec<TokenLogprob>,
-    pub(crate) finish: Option<(FinishReason, Option<StopReason>)>,
-}
-
 /// The events of several streams, tagged with the stream's position.
 pub(crate) struct Merged {
     rxs: Vec<UnboundedReceiver<Event>>,
@@ -204,9 +197,11 @@ pub(crate) async fn gather(
     mut merged: Merged,
     n: usize,
     mut timing: Timing,
-) -> Result<Vec<Vec<Choice>>, ApiError> {
+) -> Result<Vec<Vec<Completion>>, ApiError> {
     let prompts = merged.rxs.len();
-    let mut out = vec![vec![Choice::default(); n]; prompts];
+    let mut out: Vec<Vec<Completion>> = (0..prompts)
+        .map(|_| (0..n).map(Completion::new).collect())
+        .collect();
     let total = prompts * n;
     let mut done = 0;
     while done < total {
@@ -224,9 +219,7 @@ pub(crate) async fn gather(
             } => {
                 timing.token();
                 if let Some(c) = out[p].get_mut(index) {
-                    c.token_ids.push(logprob.token_id);
-                    c.text.push_str(&text);
-                    c.logprobs.push(logprob);
+                    c.push_token(logprob, &text);
                 }
             }
             Event::Finished {
@@ -236,8 +229,7 @@ pub(crate) async fn gather(
                 text,
             } => {
                 if let Some(c) = out[p].get_mut(index) {
-                    c.text.push_str(&text);
-                    c.finish = Some((reason, stop));
+                    c.finish(reason, stop, &text);
                 }
                 done += 1;
             }
