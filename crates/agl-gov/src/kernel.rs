@@ -270,6 +270,31 @@ impl Kernel {
     /// # Errors
     /// Only errors of the flight recorder; the policies have already been told the outcome.
     pub fn check(&self, action: &Action) -> Result<Decision, GovError> {
+        let (decision, subject) = self.decide(action, true);
+        let executes = decision.executes();
+        for entry in &self.policies {
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                entry.policy.record_outcome(&subject, executes)
+            }));
+        }
+        if let Some(rec) = &self.recorder {
+            rec.append(action, &decision)?;
+        }
+        Ok(decision)
+    }
+
+    /// What [`Kernel::check`] would decide for `action` now, without any effect: no policy is
+    /// told an outcome (budgets, call counts and rate windows do not move), no signal state
+    /// changes (the decision carries the findings' own signals only), and nothing is
+    /// recorded. For gating partial output (the LLM gateway checks the text it is about to
+    /// stream with this, and checks the whole response with [`Kernel::check`] once).
+    pub fn preview(&self, action: &Action) -> Decision {
+        self.decide(action, false).0
+    }
+
+    /// Steps 1-4 of [`Kernel::check`]; `stateful` lets the signal step update the
+    /// stopped-agent set.
+    fn decide<'a>(&self, action: &'a Action, stateful: bool) -> (Decision, Subject<'a>) {
         let enforce = self.mode == GovernanceMode::Enforce;
         let mut subject = Subject::new(action);
         let mut violations = Vec::new();
@@ -316,7 +341,7 @@ impl Kernel {
             rewritten = None;
         }
         let signals = if enforce {
-            self.signals(action, verdict, &violations)
+            self.signals(action, verdict, &violations, stateful)
         } else {
             Vec::new()
         };
@@ -327,16 +352,7 @@ impl Kernel {
             rewritten,
             signals,
         };
-        let executes = decision.executes();
-        for entry in &self.policies {
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                entry.policy.record_outcome(&subject, executes)
-            }));
-        }
-        if let Some(rec) = &self.recorder {
-            rec.append(action, &decision)?;
-        }
-        Ok(decision)
+        (decision, subject)
     }
 
     /// Tells every policy that `rollout_id` is finished, so per-rollout state (budgets, call
@@ -364,12 +380,22 @@ impl Kernel {
             .clear();
     }
 
-    fn signals(&self, action: &Action, verdict: Verdict, violations: &[Violation]) -> Vec<Signal> {
+    /// The decision's signals; `stateful` also applies the `SIGSTOP`/`SIGCONT` bookkeeping.
+    fn signals(
+        &self,
+        action: &Action,
+        verdict: Verdict,
+        violations: &[Violation],
+        stateful: bool,
+    ) -> Vec<Signal> {
         let mut out: Vec<Signal> = Vec::new();
         for s in violations.iter().filter_map(|v| v.signal) {
             if !out.contains(&s) {
                 out.push(s);
             }
+        }
+        if !stateful {
+            return out;
         }
         let ctx = &action.context;
         let Some(key) = ctx.agent_id.as_ref().or(ctx.rollout_id.as_ref()) else {
@@ -444,6 +470,28 @@ mod tests {
                 message: "backend unreachable".into(),
             })
         }
+    }
+
+    #[test]
+    fn preview_decides_like_check_but_changes_and_records_nothing() {
+        let p = fixed(
+            "p",
+            vec![Finding::block(Severity::High, "no").with_signal(Signal::Sigstop)],
+        );
+        let kernel = Kernel::new(GovernanceMode::Enforce)
+            .with_policy(p.clone())
+            .with_recorder(FlightRecorder::in_memory());
+        let action = Action::output("hi").with_rollout_id("ro-1");
+        let previewed = kernel.preview(&action);
+        assert_eq!(previewed.verdict, Verdict::Block);
+        assert_eq!(previewed.signals, vec![Signal::Sigstop]);
+        assert!(p.outcomes.lock().unwrap().is_empty(), "no outcome told");
+        assert_eq!(kernel.recorder().map(FlightRecorder::entries), Some(0));
+        let checked = kernel.check(&action).unwrap();
+        assert_eq!(checked.verdict, previewed.verdict);
+        assert_eq!(checked.violations, previewed.violations);
+        assert_eq!(p.outcomes.lock().unwrap().len(), 1);
+        assert_eq!(kernel.recorder().map(FlightRecorder::entries), Some(1));
     }
 
     fn limited() -> ActionKind {

@@ -15,6 +15,7 @@
 pub mod app;
 pub mod client;
 pub mod error;
+pub mod gateway;
 pub mod metrics;
 pub mod otlp;
 pub mod server;
@@ -22,4 +23,5 @@ pub mod wire;
 
 pub use client::{ClientOptions, StoreClient};
 pub use error::{ApiError, ErrorCode, ServerError};
-pub use server::{RunningServer, ServerConfig, start};
+pub use gateway::{GatewayConfig, Upstream};
+pub use server::{RunningServer, ServerConfig, start, start_with_gateway};

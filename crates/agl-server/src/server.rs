@@ -35,6 +35,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::app::{AppContext, router};
 use crate::error::{ApiError, ErrorCode, ServerError};
+use crate::gateway::GatewayConfig;
 use crate::metrics::ServerMetrics;
 
 /// Default port of `agl store` (v0.3.0's).
@@ -159,7 +160,22 @@ pub fn build_app(
     config: &ServerConfig,
     shutting_down: watch::Receiver<bool>,
 ) -> Result<Router, ServerError> {
+    build_app_with_gateway(store, config, shutting_down, None)
+}
+
+/// [`build_app`] with the LLM gateway's per-attempt routes ([`crate::gateway`]) mounted too,
+/// behind the same auth, CORS and body limit.
+pub fn build_app_with_gateway(
+    store: Arc<dyn LightningStore>,
+    config: &ServerConfig,
+    shutting_down: watch::Receiver<bool>,
+    gateway: Option<GatewayConfig>,
+) -> Result<Router, ServerError> {
     config.validate()?;
+    let gateway = match gateway {
+        Some(g) => Some(crate::gateway::router(store.clone(), g).map_err(ServerError::Config)?),
+        None => None,
+    };
     let state = Arc::new(AppContext {
         store,
         metrics: ServerMetrics::new(),
@@ -167,7 +183,11 @@ pub fn build_app(
         body_limit_bytes: config.body_limit_bytes,
         shutting_down,
     });
-    let mut app = router(state).layer(DefaultBodyLimit::max(config.body_limit_bytes));
+    let mut app = router(state);
+    if let Some(g) = gateway {
+        app = app.merge(g);
+    }
+    let mut app = app.layer(DefaultBodyLimit::max(config.body_limit_bytes));
     if let Some(token) = &config.auth_token {
         let token: Arc<str> = Arc::from(token.trim());
         app = app.layer(axum::middleware::from_fn_with_state(token, require_token));
@@ -200,8 +220,17 @@ pub async fn start(
     store: Arc<dyn LightningStore>,
     config: ServerConfig,
 ) -> Result<RunningServer, ServerError> {
+    start_with_gateway(store, config, None).await
+}
+
+/// [`start`], with the LLM gateway's routes when `gateway` is given (`agl store --llm`).
+pub async fn start_with_gateway(
+    store: Arc<dyn LightningStore>,
+    config: ServerConfig,
+    gateway: Option<GatewayConfig>,
+) -> Result<RunningServer, ServerError> {
     let (tx, rx) = watch::channel(false);
-    let app = build_app(store.clone(), &config, rx.clone())?;
+    let app = build_app_with_gateway(store.clone(), &config, rx.clone(), gateway)?;
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -251,15 +280,16 @@ impl RunningServer {
     }
 }
 
-/// Serves until SIGTERM or SIGINT (Ctrl-C), then shuts down gracefully; `on_ready` gets the
-/// bound address once listening.
+/// Serves (with the LLM gateway's routes when `gateway` is given) until SIGTERM or SIGINT
+/// (Ctrl-C), then shuts down gracefully; `on_ready` gets the bound address once listening.
 pub async fn serve_until_signal(
     store: Arc<dyn LightningStore>,
     config: ServerConfig,
+    gateway: Option<GatewayConfig>,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
     let signals = ShutdownSignals::install();
-    let server = start(store, config).await?;
+    let server = start_with_gateway(store, config, gateway).await?;
     on_ready(server.addr());
     signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests and closing the store");

@@ -17,7 +17,8 @@
 //! choice's generated ids, aligned with `logprobs`), `top_k`, `stop_token_ids` and
 //! `ignore_eos`. Every reported log-probability is the raw model distribution's
 //! ([`crate::sampling`]). A client that disconnects from a stream cancels its request in the
-//! engine. With [`ApiOptions::api_key`], every `/v1/…` route needs
+//! engine. With [`ApiOptions::api_key`], every `/v1/…` route (and every `/rollout/…` route
+//! mounted with [`router_with`]) needs
 //! `Authorization: Bearer KEY` (401 in OpenAI's shape otherwise).
 //!
 //! Not responsible for loading models (the caller starts the [`Engine`]), for signals, or for
@@ -89,6 +90,12 @@ pub(crate) struct AppState {
 /// Serve it with [`serve`], mount it in a larger router, or call it in tests with
 /// `tower::ServiceExt::oneshot`.
 pub fn router(engine: Engine, options: ApiOptions) -> Router {
+    router_with(engine, options, Router::new())
+}
+
+/// [`router`] with `extra` routes served beside the API, behind the same API key and request
+/// metrics (`agl llm serve --store-url` mounts the LLM gateway's per-attempt routes here).
+pub fn router_with(engine: Engine, options: ApiOptions, extra: Router) -> Router {
     let started = generate::unix_now();
     let adapters = options
         .adapter_roots
@@ -117,16 +124,14 @@ pub fn router(engine: Engine, options: ApiOptions) -> Router {
         .route("/metrics", get(render_metrics))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .with_state(Arc::clone(&state))
+        .merge(extra)
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             require_api_key,
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            count_request,
-        ))
+        .layer(axum::middleware::from_fn_with_state(state, count_request))
         .layer(DefaultBodyLimit::max(options.body_limit_bytes))
-        .with_state(state)
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then finishes the requests in
@@ -157,7 +162,8 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
     let Some(key) = state.api_key.as_deref() else {
         return next.run(req).await;
     };
-    if !req.uri().path().starts_with("/v1/") {
+    let path = req.uri().path();
+    if !(path.starts_with("/v1/") || path.starts_with("/rollout/")) {
         return next.run(req).await;
     }
     let given = req
