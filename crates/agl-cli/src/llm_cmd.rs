@@ -16,6 +16,11 @@ use clap::{Args, Subcommand};
 
 use agl_llm::api::{self, ApiOptions};
 use agl_llm::{Engine, EngineConfig, WeightFormat};
+use agl_server::Upstream;
+use agl_store::LightningStore;
+use std::sync::Arc;
+
+use crate::gateway_args::GatewayArgs;
 
 /// `agl llm …`.
 #[derive(Debug, Subcommand)]
@@ -44,9 +49,10 @@ impl Weights {
     }
 }
 
-/// Arguments of `agl llm serve`.
-#[derive(Debug, Args)]
-pub struct ServeArgs {
+/// Which model the built-in engine serves, and how (shared by `agl llm serve`, `agl store
+/// --llm` and `agl eval`).
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
     /// The model: a known name (see `agl model list`; fetch it with `agl model pull`), a .gguf
     /// file, or a Hugging Face model directory.
     #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
@@ -61,12 +67,6 @@ pub struct ServeArgs {
     /// Serve a PEFT LoRA adapter directory under NAME (repeatable).
     #[arg(long = "adapter", value_name = "NAME=DIR")]
     pub adapters: Vec<String>,
-    /// Address to bind.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Port to bind (0 picks a free one; the first line on stdout gives the address).
-    #[arg(long, default_value_t = 8000)]
-    pub port: u16,
     /// The base model's name in the API (`model` of requests); default: `--model` when it is
     /// a name, else the file's or directory's name.
     #[arg(long, value_name = "NAME")]
@@ -74,7 +74,101 @@ pub struct ServeArgs {
     /// Most completions decoded in one batch step; more requests wait in a queue.
     #[arg(long, default_value_t = 64)]
     pub max_batch_rows: usize,
-    /// Require `Authorization: Bearer KEY` on /v1/… (health and metrics stay open).
+}
+
+/// A started engine and what the API shows about it.
+pub struct StartedEngine {
+    /// The engine.
+    pub engine: Engine,
+    /// The base model's name in the API.
+    pub name: String,
+    /// The model's source file or directory.
+    pub source: String,
+    /// Adapter name → directory.
+    pub adapter_roots: HashMap<String, String>,
+}
+
+impl StartedEngine {
+    /// The engine's OpenAI-compatible router (no API key: for in-process use).
+    pub fn router(&self) -> axum::Router {
+        api::router(self.engine.clone(), self.options(None))
+    }
+
+    /// API options showing this engine's model and adapters.
+    pub fn options(&self, api_key: Option<String>) -> ApiOptions {
+        ApiOptions {
+            api_key,
+            model_root: Some(self.source.clone()),
+            adapter_roots: self.adapter_roots.clone(),
+            ..ApiOptions::default()
+        }
+    }
+}
+
+/// Loads the model and its adapters and starts the engine; `who` prefixes the progress lines
+/// on stderr.
+pub fn start_engine(args: &EngineArgs, who: &str) -> anyhow::Result<StartedEngine> {
+    anyhow::ensure!(
+        args.max_batch_rows > 0,
+        "--max-batch-rows must be at least 1"
+    );
+    let adapters = args
+        .adapters
+        .iter()
+        .map(|s| parse_adapter(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let files = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
+        .with_context(|| format!("resolving --model {}", args.model))?;
+    let format = args.weights.format();
+    let t0 = Instant::now();
+    let device = agl_llm::loader::device(&args.device)?;
+    let loaded = agl_llm::load(&files, &device, format).context("loading the model")?;
+    let source = loaded.source.display().to_string();
+    let name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| default_served_name(&args.model));
+    let engine = Engine::start(
+        loaded,
+        EngineConfig {
+            model_name: name.clone(),
+            max_batch_rows: args.max_batch_rows,
+        },
+    )
+    .context("starting the engine")?;
+    eprintln!(
+        "{who}: loaded {source} as `{name}` in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let mut adapter_roots = HashMap::new();
+    for (adapter, dir) in &adapters {
+        engine
+            .load_adapter(adapter, dir)
+            .with_context(|| format!("loading adapter `{adapter}` from {}", dir.display()))?;
+        adapter_roots.insert(adapter.clone(), dir.display().to_string());
+        eprintln!("{who}: adapter `{adapter}` from {}", dir.display());
+    }
+    Ok(StartedEngine {
+        engine,
+        name,
+        source,
+        adapter_roots,
+    })
+}
+
+/// Arguments of `agl llm serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0 picks a free one; the first line on stdout gives the address).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/… and /rollout/… (health and metrics stay
+    /// open).
     #[arg(
         long,
         env = "AGL_LLM_API_KEY",
@@ -82,6 +176,21 @@ pub struct ServeArgs {
         value_name = "KEY"
     )]
     pub api_key: Option<String>,
+    /// Also serve the LLM gateway's per-attempt routes (`/rollout/{rid}/attempt/{aid}/v1/…`),
+    /// recording every call in the agl store at URL (gateways scale out beside one store).
+    #[arg(long, value_name = "URL")]
+    pub store_url: Option<String>,
+    /// Bearer token of that store.
+    #[arg(
+        long,
+        env = "AGL_STORE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN",
+        requires = "store_url"
+    )]
+    pub store_token: Option<String>,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
 }
 
 /// Runs `agl llm …`.
@@ -117,57 +226,28 @@ fn parse_adapter(spec: &str) -> anyhow::Result<(String, PathBuf)> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(
-        args.max_batch_rows > 0,
-        "--max-batch-rows must be at least 1"
-    );
-    let adapters = args
-        .adapters
-        .iter()
-        .map(|s| parse_adapter(s))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let files = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
-        .with_context(|| format!("resolving --model {}", args.model))?;
-    let format = args.weights.format();
-    let t0 = Instant::now();
-    let device = agl_llm::loader::device(&args.device)?;
-    let loaded = agl_llm::load(&files, &device, format).context("loading the model")?;
-    let source = loaded.source.display().to_string();
-    let name = args
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| default_served_name(&args.model));
-    let engine = Engine::start(
-        loaded,
-        EngineConfig {
-            model_name: name.clone(),
-            max_batch_rows: args.max_batch_rows,
-        },
-    )
-    .context("starting the engine")?;
-    eprintln!(
-        "agl llm serve: loaded {source} as `{name}` in {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
-    let mut adapter_roots = HashMap::new();
-    for (adapter, dir) in &adapters {
-        engine
-            .load_adapter(adapter, dir)
-            .with_context(|| format!("loading adapter `{adapter}` from {}", dir.display()))?;
-        adapter_roots.insert(adapter.clone(), dir.display().to_string());
-        eprintln!("agl llm serve: adapter `{adapter}` from {}", dir.display());
-    }
-    let options = ApiOptions {
-        api_key: args.api_key.clone(),
-        model_root: Some(source),
-        adapter_roots,
-        ..ApiOptions::default()
-    };
-    let router = api::router(engine.clone(), options);
+    let started = start_engine(&args.engine, "agl llm serve")?;
+    let (engine, name) = (started.engine.clone(), started.name.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let extra = match &args.store_url {
+        Some(url) => {
+            let client = crate::runner_cmd::client(url, args.store_token.clone())?;
+            rt.block_on(client.health())
+                .with_context(|| format!("reaching the store at --store-url {url}"))?;
+            let store: Arc<dyn LightningStore> = Arc::new(client);
+            let config = args.gateway.config(Upstream::InProcess(started.router()))?;
+            eprintln!(
+                "agl llm serve: gateway routes on, recording in {url} ({})",
+                args.gateway.describe()
+            );
+            agl_server::gateway::router(store, config).map_err(anyhow::Error::msg)?
+        }
+        None => axum::Router::new(),
+    };
+    let router = api::router_with(engine.clone(), started.options(args.api_key.clone()), extra);
     let served = rt.block_on(async {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)

@@ -3,6 +3,8 @@
 
 mod audit_cmd;
 mod bench_cmd;
+mod eval_cmd;
+mod gateway_args;
 mod llm_bench;
 mod llm_cmd;
 mod model_cmd;
@@ -13,6 +15,7 @@ mod server_bench;
 mod store_bench;
 mod store_cmd;
 mod train_cmd;
+mod triplets_cmd;
 
 use std::process::ExitCode;
 
@@ -40,6 +43,9 @@ enum Command {
     },
     /// Train the built-in governed SQL agent on Spider with GRPO, then evaluate on dev.
     Train(Box<train_cmd::TrainArgs>),
+    /// Evaluate an agent (the SQL-writing LLM, or the built-in scorer) on a Spider split under
+    /// governance: accuracy, violations, turns, tokens.
+    Eval(Box<eval_cmd::EvalArgs>),
     /// Measure governance check latency on the Spider dev gold queries.
     Bench {
         #[command(subcommand)]
@@ -64,6 +70,8 @@ enum Command {
         #[command(subcommand)]
         command: llm_cmd::LlmCommand,
     },
+    /// Print the triplets of one attempt's LLM-call spans in a store (`TracerTraceToTriplet`).
+    Triplets(triplets_cmd::TripletsArgs),
 }
 
 /// candle asks for its thread count on every matmul and, unless `RAYON_NUM_THREADS` is set,
@@ -113,13 +121,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if matches!(
-        &cli.command,
+    let runs_llm = match &cli.command {
         Command::Llm { .. }
-            | Command::Bench {
-                command: bench_cmd::BenchCommand::Llm(_)
-            }
-    ) {
+        | Command::Eval(_)
+        | Command::Bench {
+            command: bench_cmd::BenchCommand::Llm(_),
+        } => true,
+        Command::Store(args) => args.serves_llm(),
+        _ => false,
+    };
+    if runs_llm {
         pin_thread_count();
     }
     tracing_subscriber::fmt()
@@ -131,11 +142,13 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Train(args) => train_cmd::run(*args),
+        Command::Eval(args) => eval_cmd::run(*args),
         Command::Bench { command } => bench_cmd::run(command),
         Command::Store(args) => store_cmd::run(args),
         Command::Runner(args) => runner_cmd::run(args),
         Command::Llm { command } => llm_cmd::run(command),
         Command::Model { command } => model_cmd::run(command),
+        Command::Triplets(args) => triplets_cmd::run(args),
         Command::Policy { command } => {
             // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
             return match policy_cmd::run(command) {

@@ -27,6 +27,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use agl_server::Upstream;
+
+use crate::gateway_args::GatewayArgs;
+use crate::llm_cmd::{EngineArgs, start_engine};
+
 /// `agl store [OPTIONS]` serves; `agl store inspect PATH` inspects.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -80,6 +85,34 @@ pub struct ServeArgs {
     /// Seconds between watchdog scans before requests (0 = every request).
     #[arg(long, default_value_t = 10.0)]
     scan_debounce: f64,
+    /// Serve the governed LLM gateway on the same port with this model in the built-in engine
+    /// (a known name, a .gguf file or a Hugging Face directory): agents call
+    /// `/rollout/{rid}/attempt/{aid}/v1/chat/completions` and every call is a span.
+    #[arg(long, value_name = "NAME|PATH", conflicts_with = "llm_upstream")]
+    llm: Option<String>,
+    /// Serve the gateway in front of this OpenAI-compatible server instead (vLLM, llama.cpp's
+    /// server, Ollama, `agl llm serve`), e.g. http://127.0.0.1:8000/v1.
+    #[arg(long, value_name = "URL")]
+    llm_upstream: Option<String>,
+    /// API key of the --llm-upstream server.
+    #[arg(
+        long,
+        env = "AGL_LLM_UPSTREAM_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    llm_upstream_key: Option<String>,
+    /// --llm weights: dense (f32, what training recomputes) or q8 (serving only).
+    #[arg(long, value_enum, default_value = "dense")]
+    llm_weights: crate::llm_cmd::Weights,
+    /// --llm device: cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "auto")]
+    llm_device: String,
+    /// --llm: also serve a PEFT LoRA adapter directory under NAME (repeatable).
+    #[arg(long = "llm-adapter", value_name = "NAME=DIR")]
+    llm_adapters: Vec<String>,
+    #[command(flatten)]
+    gateway: GatewayArgs,
 }
 
 /// `agl store …` subcommands.
@@ -101,6 +134,13 @@ pub struct InspectArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
+}
+
+impl StoreArgs {
+    /// Whether this command runs the built-in LLM engine (`--llm`).
+    pub fn serves_llm(&self) -> bool {
+        self.command.is_none() && self.serve.llm.is_some()
+    }
 }
 
 /// Opens the store named by a `--store` spec: `memory`, or a SQLite database path.
@@ -135,6 +175,35 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         max_wait_seconds: args.max_wait,
     };
     config.validate()?;
+    let (gateway, llm_note) = match (&args.llm, &args.llm_upstream) {
+        (Some(model), _) => {
+            let engine_args = EngineArgs {
+                model: model.clone(),
+                weights: args.llm_weights,
+                device: args.llm_device.clone(),
+                adapters: args.llm_adapters.clone(),
+                served_model_name: None,
+                max_batch_rows: 64,
+            };
+            let started = start_engine(&engine_args, "agl store")?;
+            let note = format!(
+                "; LLM gateway: {} in the built-in engine, {}",
+                started.name,
+                args.gateway.describe()
+            );
+            let config = args.gateway.config(Upstream::InProcess(started.router()))?;
+            (Some(config), note)
+        }
+        (None, Some(url)) => {
+            let upstream = Upstream::Http {
+                base_url: url.clone(),
+                api_key: args.llm_upstream_key.clone(),
+            };
+            let note = format!("; LLM gateway: upstream {url}, {}", args.gateway.describe());
+            (Some(args.gateway.config(upstream)?), note)
+        }
+        (None, None) => (None, String::new()),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -159,9 +228,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .db
             .as_ref()
             .map_or("memory".to_string(), |p| format!("SQLite {}", p.display()));
-        agl_server::server::serve_until_signal(store, config, |addr| {
+        agl_server::server::serve_until_signal(store, config, gateway, |addr| {
             use std::io::Write;
-            println!("agl store listening on http://{addr} ({backend})");
+            println!("agl store listening on http://{addr} ({backend}{llm_note})");
             let _ = std::io::stdout().flush();
         })
         .await?;

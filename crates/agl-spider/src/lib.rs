@@ -4,8 +4,9 @@
 //! This crate provides the data loader ([`SpiderDataset`]), database descriptions
 //! ([`db_info`]), the sandboxed SQL executor ([`Executor`]: in-memory copies, every call
 //! rolled back, time limit), the execution-accuracy evaluator ([`execution_match`],
-//! [`gold_is_ordered`]) and the candidate builder ([`CandidateBuilder`]: gold, hard-negative
-//! distractors, unsafe variants). It knows nothing about governance or training.
+//! [`gold_is_ordered`]), the candidate builder ([`CandidateBuilder`]: gold, hard-negative
+//! distractors, unsafe variants) and the prompts of the SQL-writing LLM agent ([`prompts`]).
+//! It knows nothing about governance or training.
 //!
 //! Data: Spider 1.0 (Yu et al. 2018, "Spider: A Large-Scale Human-Labeled Dataset for Complex
 //! and Cross-Domain Semantic Parsing and Text-to-SQL Task", EMNLP 2018, arXiv:1809.08887),
@@ -17,6 +18,7 @@ mod data;
 mod error;
 mod eval;
 mod executor;
+pub mod prompts;
 mod schema;
 mod sql;
 

@@ -51,4 +51,25 @@ pub enum TrainError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A span→triplet adapter pattern (`llm_call_match`, `agent_match`, or the CLI flag named)
+    /// is not a valid regular expression.
+    #[error("{field}: invalid regular expression: {source}")]
+    InvalidPattern {
+        /// The setting or flag.
+        field: String,
+        /// The regex parser's message.
+        #[source]
+        source: regex::Error,
+    },
+    /// The span→triplet adapter was given no spans (Agent Lightning raises `ValueError`).
+    #[error("no spans to adapt: the trace is empty")]
+    EmptyTrace,
+    /// A span attribute the adapter reads has the wrong shape; names the span.
+    #[error("span {span_id}: {message}")]
+    MalformedSpan {
+        /// The span.
+        span_id: String,
+        /// What was wrong, naming the attribute.
+        message: String,
+    },
 }

@@ -10,6 +10,13 @@
 //!   any [`EnvTask`]; [`SpiderEnv`] is the multi-step Spider task; [`create_governed_env`].
 //! * [`FlightRecorderEmitter`] turns flight-recorder entries into [`LightningSpan`]s or store
 //!   spans.
+//! * [`LlmSqlAgent`] is Agent Lightning's Spider SQL agent (write → execute → check → rewrite)
+//!   over any OpenAI-compatible endpoint, every statement governed; violations of the model's
+//!   output found by the LLM gateway reach [`PolicyReward`] through the runner.
+//!
+//! [`TracerTraceToTriplet`] is Agent Lightning's span→triplet adapter over LLM-call spans (one
+//! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
+//! and reports them in a [`TripletReport`].
 //!
 //! One severity→penalty table ([`SEVERITY_PENALTIES`]) serves violations, rewards and the
 //! environment. Each module's docs list where and why agl deliberately differs from the Python
@@ -32,7 +39,9 @@ pub mod reward;
 pub mod runner;
 pub mod spider_env;
 pub mod spider_runner;
+pub mod sql_agent;
 pub mod task;
+pub mod tracer_adapter;
 pub mod trainer;
 pub mod violation;
 
@@ -55,15 +64,24 @@ pub use reward::{
     RewardStats, create_policy_reward, policy_penalty,
 };
 pub use runner::{
-    Agent, AgentError, Annotation, Approved, GovernedRunner, HEARTBEAT_KEY, IterReport,
-    RunnerStats, StepContext, ViolationCallback, governance_attributes,
+    Agent, AgentError, Annotation, Approved, CancellationToken, GovernedRunner, HEARTBEAT_KEY,
+    IterReport, LlmEndpoint, RunnerStats, SOURCE_ATTR, SOURCE_GATEWAY, StepContext,
+    ViolationCallback, gateway_violations, governance_attributes,
 };
 pub use spider_env::{PREVIEW_ROWS, QueryFeedback, SpiderAction, SpiderEnv, SpiderObservation};
 pub use spider_runner::{
     Assignment, FixedRunners, RunnerResolver, SpiderRunner, SqlTaskInput, StepOutcome,
     WorkerOptions, outcome_spans, run_worker,
 };
+pub use sql_agent::{
+    LlmSqlAgent, PolicyCounts, SqlAgentConfig, SqlAgentOutput, SqlEvalRow, SqlEvalSummary,
+    SqlResult, SqlTurn, StopReason, sql_agent_reward, sql_eval_row,
+};
 pub use task::{PreparationReport, SpiderTask, TaskConfig, TaskItem};
+pub use tracer_adapter::{
+    DEFAULT_LLM_CALL_MATCH, RefusalReason, RefusedLlmCall, RewardMatchPolicy, TracerTraceToTriplet,
+    TripletReport,
+};
 pub use trainer::{
     CurvePoint, EvalStats, Progress, RUN_SPEC_KEY, RunReport, RunSpec, Session, TrainConfig,
     TrainStats, build_kernel, initial_policy, train,

@@ -39,6 +39,29 @@
 //! - statistics are shared through the store (each worker publishes its counters in its
 //!   heartbeat), as the tutorial (§7.6) promises and the Python code does not do.
 //!
+//! # Resources and LLM endpoints
+//! [`GovernedRunner::iter`] fetches the resources each rollout names (`resources_id`; the
+//! store's latest resources when it names none) and hands them to the agent:
+//! [`StepContext::resources`], and [`StepContext::llm_base_url`] for the base URL, model and
+//! sampling parameters of an `llm` or `proxy_llm` resource. A `proxy_llm` endpoint is rewritten
+//! for the attempt ([`LlmResource::base_url_for_attempt`]: `<endpoint>/rollout/{rid}/attempt/
+//! {aid}/v1`), so the LLM gateway knows which rollout each model call belongs to, as Agent
+//! Lightning's `ProxyLLM.get_base_url` does.
+//!
+//! # Violations of the model's output (the LLM gateway)
+//! The gateway (`agl_server::gateway`) checks every model answer with the kernel and writes each
+//! violation as an `agentlightning.annotation` span of the attempt with
+//! `agent_os.violation.policy`, `.severity`, `.reason`, `.blocked` (and `.effect`, optional
+//! `.penalty`) and `agl.source = "gateway"`. When a step ran for a store attempt, the runner
+//! reads those spans after the agent returns and adds one [`PolicyViolation`] per span to the
+//! step's violations ([`gateway_violations`]): type `blocked` when `.blocked` is true,
+//! `modified` when `.effect` is `modify`, else `warned`; severity parsed case-insensitively (an
+//! unknown severity counts as [`agl_gov::FAIL_CLOSED_SEVERITY`]). So a rollout's penalty
+//! ([`PolicyReward`]), its violation count, the governance annotation span, the attempt's
+//! metadata and the runner's statistics include what the model said, not only what the agent
+//! did. A blocked answer makes the step unsuccessful, like a blocked action. Only spans stored
+//! by the time the agent returns are read (the gateway stores them before it answers).
+//!
 //! [`fail_on_violation`]: GovernedRunner::fail_on_violation
 //! [`log_violations`]: GovernedRunner::log_violations
 //! [`violation_callback`]: GovernedRunner::violation_callback
@@ -57,18 +80,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use agl_core::{AttemptStatus, AttributeValue, Attributes, RolloutMode, Span, semconv};
-use agl_gov::{Action, Decision, FlightRecorder, Kernel, Signal, Verdict};
-use agl_store::{AttemptUpdate, LightningStore};
+use agl_core::{
+    AttemptStatus, AttributeValue, Attributes, LlmResource, NamedResources, Resource, RolloutMode,
+    Span, semconv,
+};
+use agl_gov::{Action, Decision, FlightRecorder, Kernel, Severity, Signal, Verdict};
+use agl_store::{AttemptUpdate, LightningStore, SpanQuery};
 use futures_util::FutureExt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+/// The stop token of [`GovernedRunner::iter`] (re-exported so callers need not depend on
+/// `tokio-util`).
+pub use tokio_util::sync::CancellationToken;
 
 use crate::error::TrainError;
 use crate::reward::PolicyReward;
-use crate::violation::{GovernedRollout, PolicyViolation, PolicyViolationError};
+use crate::violation::{
+    GovernedRollout, PolicyViolation, PolicyViolationError, PolicyViolationType,
+};
 
 /// The error type an agent returns: any error (`?` converts [`TrainError`], I/O, SQL, …).
 pub type AgentError = Box<dyn std::error::Error + Send + Sync>;
@@ -78,6 +108,32 @@ pub type ViolationCallback = Arc<dyn Fn(&PolicyViolation) + Send + Sync>;
 
 /// The key under which a runner publishes its counters in its worker's `heartbeat_stats`.
 pub const HEARTBEAT_KEY: &str = "agl.governance";
+
+/// Span attribute naming who wrote a span (`"gateway"` for the LLM gateway's spans).
+pub const SOURCE_ATTR: &str = "agl.source";
+
+/// The [`SOURCE_ATTR`] value of the LLM gateway's spans.
+pub const SOURCE_GATEWAY: &str = "gateway";
+
+/// An OpenAI-compatible endpoint an agent should call, from an `llm` or `proxy_llm` resource
+/// ([`StepContext::llm_base_url`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmEndpoint {
+    /// The resource's name in the resources set.
+    pub name: String,
+    /// Base URL of the OpenAI-compatible API (ends in `/v1` when the resource's endpoint does);
+    /// for `proxy_llm`, already rewritten for the step's rollout and attempt.
+    pub base_url: String,
+    /// The model (or adapter) name to send as `model`.
+    pub model: String,
+    /// The API key, if the resource has one.
+    pub api_key: Option<String>,
+    /// The resource's sampling parameters (`temperature`, `top_p`, `max_tokens`, `seed`, …), not
+    /// interpreted here.
+    pub sampling_parameters: serde_json::Map<String, Value>,
+    /// Whether the resource is a `proxy_llm` (calls go through the LLM gateway).
+    pub proxied: bool,
+}
 
 /// An agent: given a task input, does the task, asking the [`StepContext`] to check every
 /// action before running it.
@@ -147,6 +203,7 @@ pub struct StepContext {
     blocked: Option<PolicyViolationError>,
     kernel_error: Option<String>,
     annotations: Vec<Annotation>,
+    resources: Option<Arc<NamedResources>>,
 }
 
 impl fmt::Debug for StepContext {
@@ -211,21 +268,7 @@ impl StepContext {
         for v in &decision.violations {
             let pv = PolicyViolation::from_kernel(v, decision.verdict);
             self.counters.violations.fetch_add(1, Ordering::Relaxed);
-            if self.settings.log_violations {
-                tracing::warn!(
-                    policy = %pv.policy_name,
-                    severity = %pv.severity,
-                    blocked = pv.action_blocked,
-                    "Policy violation: {} - {} (severity={}, blocked={})",
-                    pv.policy_name,
-                    pv.description,
-                    pv.severity,
-                    pv.action_blocked
-                );
-            }
-            if let Some(cb) = &self.settings.callback {
-                cb(&pv);
-            }
+            announce(&self.settings, &pv);
             if first_block.is_none() && pv.action_blocked {
                 first_block = Some(pv.clone());
             }
@@ -267,6 +310,50 @@ impl StepContext {
         self.context.rollout_id.as_deref()
     }
 
+    /// The store attempt the step runs for ([`GovernedRunner::iter`]); `None` for
+    /// [`GovernedRunner::step`].
+    pub fn attempt_id(&self) -> Option<&str> {
+        self.context.attempt_id.as_deref()
+    }
+
+    /// The resources of the rollout ([`GovernedRunner::iter`] fetches the set the rollout
+    /// names, else the store's latest); `None` when there are none, and for
+    /// [`GovernedRunner::step`].
+    pub fn resources(&self) -> Option<&NamedResources> {
+        self.resources.as_deref()
+    }
+
+    /// The LLM endpoint to call: the resource named `name`, or with `None` the first `llm` or
+    /// `proxy_llm` resource in name order. A `proxy_llm` endpoint is rewritten for this step's
+    /// rollout and attempt with [`LlmResource::base_url_for_attempt`] (used as it is when the
+    /// step has no attempt). `None` when there are no resources, no such resource, or the
+    /// named resource is not an LLM.
+    pub fn llm_base_url(&self, name: Option<&str>) -> Option<LlmEndpoint> {
+        let resources = self.resources.as_deref()?;
+        let is_llm = |r: &Resource| matches!(r, Resource::Llm(_) | Resource::ProxyLlm(_));
+        let (key, resource) = match name {
+            Some(n) => resources.get_key_value(n)?,
+            None => resources.iter().find(|(_, r)| is_llm(r))?,
+        };
+        let (llm, proxied): (&LlmResource, bool) = match resource {
+            Resource::Llm(l) => (l, false),
+            Resource::ProxyLlm(l) => (l, true),
+            Resource::PromptTemplate(_) => return None,
+        };
+        let base_url = match (proxied, self.rollout_id(), self.attempt_id()) {
+            (true, Some(rid), Some(aid)) => llm.base_url_for_attempt(rid, aid),
+            _ => llm.endpoint.clone(),
+        };
+        Some(LlmEndpoint {
+            name: key.clone(),
+            base_url,
+            model: llm.model.clone(),
+            api_key: llm.api_key.clone(),
+            sampling_parameters: llm.sampling_parameters.clone(),
+            proxied,
+        })
+    }
+
     /// The violations recorded so far in this step.
     pub fn violations(&self) -> &[PolicyViolation] {
         &self.violations
@@ -291,6 +378,81 @@ impl StepContext {
             attributes,
         });
     }
+}
+
+/// Logs `pv` (when `log_violations`) and passes it to the violation callback.
+fn announce(settings: &Settings, pv: &PolicyViolation) {
+    if settings.log_violations {
+        tracing::warn!(
+            policy = %pv.policy_name,
+            severity = %pv.severity,
+            blocked = pv.action_blocked,
+            "Policy violation: {} - {} (severity={}, blocked={})",
+            pv.policy_name,
+            pv.description,
+            pv.severity,
+            pv.action_blocked
+        );
+    }
+    if let Some(cb) = &settings.callback {
+        cb(pv);
+    }
+}
+
+/// The violations the LLM gateway recorded in `spans` (see the module docs): one
+/// [`PolicyViolation`] per `agentlightning.annotation` span with [`SOURCE_ATTR`] =
+/// [`SOURCE_GATEWAY`] and a string `agent_os.violation.policy`, in span order. Reads
+/// `agent_os.violation.severity` (case-insensitive; missing or unknown: [`FAIL_CLOSED_SEVERITY`]),
+/// `.reason` (the description), `.blocked` (bool), `.effect` (`modify` → type `modified`) and
+/// an optional numeric `.penalty` (explicit magnitude). Other spans are ignored.
+///
+/// [`FAIL_CLOSED_SEVERITY`]: agl_gov::FAIL_CLOSED_SEVERITY
+pub fn gateway_violations(spans: &[Span]) -> Vec<PolicyViolation> {
+    let mut out = Vec::new();
+    for span in spans {
+        let a = &span.attributes;
+        if span.name != semconv::AGL_ANNOTATION
+            || a.get(SOURCE_ATTR).and_then(AttributeValue::as_str) != Some(SOURCE_GATEWAY)
+        {
+            continue;
+        }
+        let Some(policy) = a
+            .get("agent_os.violation.policy")
+            .and_then(AttributeValue::as_str)
+        else {
+            continue;
+        };
+        let text = |k: &str| {
+            a.get(k)
+                .and_then(AttributeValue::as_str)
+                .unwrap_or_default()
+        };
+        let severity = text("agent_os.violation.severity")
+            .parse::<Severity>()
+            .unwrap_or(agl_gov::FAIL_CLOSED_SEVERITY);
+        let blocked = matches!(
+            a.get("agent_os.violation.blocked"),
+            Some(AttributeValue::Bool(true))
+        );
+        let kind = if blocked {
+            PolicyViolationType::Blocked
+        } else if text("agent_os.violation.effect").eq_ignore_ascii_case("modify") {
+            PolicyViolationType::Modified
+        } else {
+            PolicyViolationType::Warned
+        };
+        let mut v = PolicyViolation::new(kind, policy, text("agent_os.violation.reason"), severity)
+            .with_action_blocked(blocked);
+        if let Some(p) = a
+            .get("agent_os.violation.penalty")
+            .and_then(AttributeValue::as_f64)
+            .filter(|p| p.is_finite())
+        {
+            v = v.with_penalty(p.abs());
+        }
+        out.push(v);
+    }
+    out
 }
 
 /// Runner statistics. JSON keys `total_rollouts`, `total_violations`, `violation_rate` are
@@ -566,7 +728,7 @@ impl<A: Agent> GovernedRunner<A> {
         mode: Option<RolloutMode>,
     ) -> Result<GovernedRollout<A::Input, A::Output>, TrainError> {
         let rollout_id = format!("ro-step-{}", uuid::Uuid::new_v4().simple());
-        let (rollout, _) = self.step_in(input, mode, rollout_id, None).await?;
+        let (rollout, _) = self.step_in(input, mode, rollout_id, None, None).await?;
         Ok(rollout)
     }
 
@@ -576,6 +738,7 @@ impl<A: Agent> GovernedRunner<A> {
         mode: Option<RolloutMode>,
         rollout_id: String,
         attempt_id: Option<String>,
+        resources: Option<NamedResources>,
     ) -> Result<(GovernedRollout<A::Input, A::Output>, Vec<Annotation>), TrainError> {
         let agent = self.agent.as_ref().ok_or_else(|| {
             TrainError::Runner("GovernedRunner: call init(agent) before step".into())
@@ -598,6 +761,7 @@ impl<A: Agent> GovernedRunner<A> {
             blocked: None,
             kernel_error: None,
             annotations: Vec::new(),
+            resources: resources.map(Arc::new),
         };
         let started = Instant::now();
         let result = AssertUnwindSafe(agent.run(&input, &mut ctx))
@@ -634,6 +798,25 @@ impl<A: Agent> GovernedRunner<A> {
                 None
             }
         };
+        // The model's output, checked by the LLM gateway: its violations count as the step's.
+        let mut gateway_blocked = false;
+        if let (Some(w), Some(aid)) = (&self.worker, &attempt_id) {
+            let mut query = SpanQuery::of(&rollout_id, Some(aid));
+            query.name = Some(semconv::AGL_ANNOTATION.to_string());
+            let spans = match w.store.query_spans(query).await {
+                Ok(page) => page.items,
+                Err(e) => {
+                    self.counters.rollouts.fetch_add(1, Ordering::Relaxed);
+                    return Err(e.into());
+                }
+            };
+            for pv in gateway_violations(&spans) {
+                self.counters.violations.fetch_add(1, Ordering::Relaxed);
+                announce(&self.settings, &pv);
+                gateway_blocked |= pv.action_blocked;
+                ctx.violations.push(pv);
+            }
+        }
         self.counters.rollouts.fetch_add(1, Ordering::Relaxed);
         if !ctx.violations.is_empty() {
             self.counters
@@ -647,7 +830,7 @@ impl<A: Agent> GovernedRunner<A> {
             )));
         }
         let rollout = GovernedRollout {
-            success: output.is_some() && ctx.blocked.is_none(),
+            success: output.is_some() && ctx.blocked.is_none() && !gateway_blocked,
             task_input: input,
             task_output: output,
             violations: ctx.violations,
@@ -685,7 +868,10 @@ where
 {
     /// Serves the bound store's queue (Python `iter(event=...)`): until `stop` is cancelled or
     /// the queue has nothing to dispatch, dequeue a rollout as this worker, read its `input`
-    /// as `A::Input`, step it under the rollout's id, mode and attempt, and report it.
+    /// as `A::Input`, fetch its resources (the set its `resources_id` names, else the store's
+    /// latest: [`StepContext::resources`]), step it under the rollout's id, mode and attempt,
+    /// add the LLM gateway's violations of the attempt to the step's (see the module docs), and
+    /// report it.
     ///
     /// Reporting a rollout stores, in order: the agent's [`StepContext::annotate`] spans; one
     /// governance `agentlightning.annotation` span (`agent_os.violations` count,
@@ -736,12 +922,23 @@ where
                     continue;
                 }
             };
+            let resources = match &attempted.rollout.resources_id {
+                Some(id) => {
+                    let found = store.get_resources_by_id(id).await?;
+                    if found.is_none() {
+                        tracing::warn!(rollout_id = %rid, resources_id = %id, "the rollout's resources do not exist; the agent gets none");
+                    }
+                    found
+                }
+                None => store.get_latest_resources().await?,
+            };
             let stepped = self
                 .step_in(
                     input,
                     attempted.rollout.mode,
                     rid.clone(),
                     Some(aid.clone()),
+                    resources.map(|r| r.resources),
                 )
                 .await;
             let (rollout, annotations) = match stepped {
@@ -843,4 +1040,329 @@ pub fn governance_attributes<I, O>(rollout: &GovernedRollout<I, O>) -> Attribute
     );
     a.insert("agl.success".into(), rollout.success.into());
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reward::RewardConfig;
+    use agl_core::{EnqueueRolloutRequest, PromptEngine, PromptTemplate, find_final_reward};
+    use agl_gov::{SqlPolicy, SqlPolicyConfig};
+    use agl_store::InMemoryLightningStore;
+
+    fn kernel() -> Arc<Kernel> {
+        Arc::new(
+            Kernel::new(agl_gov::GovernanceMode::Enforce)
+                .with_policy(SqlPolicy::new(SqlPolicyConfig::default())),
+        )
+    }
+
+    fn llm(endpoint: &str, model: &str) -> LlmResource {
+        let mut sampling = serde_json::Map::new();
+        sampling.insert("temperature".into(), json!(0.5));
+        LlmResource {
+            endpoint: endpoint.into(),
+            model: model.into(),
+            api_key: None,
+            sampling_parameters: sampling,
+        }
+    }
+
+    /// Reports what its context saw: the attempt, the resources' names and the LLM endpoints.
+    struct Probe;
+
+    #[async_trait::async_trait]
+    impl Agent for Probe {
+        type Input = String;
+        type Output = Value;
+        async fn run(&self, _input: &String, ctx: &mut StepContext) -> Result<Value, AgentError> {
+            let names: Vec<String> = ctx
+                .resources()
+                .map(|r| r.keys().cloned().collect())
+                .unwrap_or_default();
+            let first = ctx.llm_base_url(None);
+            let named = ctx.llm_base_url(Some("judge"));
+            Ok(json!({
+                "rollout": ctx.rollout_id(),
+                "attempt": ctx.attempt_id(),
+                "names": names,
+                "first": first.as_ref().map(|e| (&e.name, &e.base_url, &e.model, e.proxied)),
+                "temperature": first.as_ref().and_then(|e| e.sampling_parameters.get("temperature").cloned()),
+                "judge": named.map(|e| e.base_url),
+                "template_is_not_an_llm": ctx.llm_base_url(Some("prompt")).is_none(),
+            }))
+        }
+    }
+
+    async fn output_of(store: &Arc<dyn LightningStore>, rid: &str) -> Value {
+        let attempt = store.get_latest_attempt(rid).await.unwrap().unwrap();
+        Value::Object(attempt.metadata.unwrap())["output"].clone()
+    }
+
+    #[tokio::test]
+    async fn iter_hands_the_rollouts_resources_to_the_agent_with_a_per_attempt_proxy_url() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let mut first = NamedResources::new();
+        first.insert(
+            "main_llm".into(),
+            Resource::ProxyLlm(llm("http://127.0.0.1:9/v1", "smol")),
+        );
+        first.insert(
+            "judge".into(),
+            Resource::Llm(llm("http://judge:8000/v1", "big")),
+        );
+        first.insert(
+            "prompt".into(),
+            Resource::PromptTemplate(PromptTemplate {
+                template: "{q}".into(),
+                engine: PromptEngine::FString,
+            }),
+        );
+        let first = store.update_resources("v1", first).await.unwrap();
+        let mut latest = NamedResources::new();
+        latest.insert(
+            "other".into(),
+            Resource::Llm(llm("http://other/v1", "latest-model")),
+        );
+        store.add_resources(latest).await.unwrap();
+
+        let mut named = EnqueueRolloutRequest::new(json!("q1"));
+        named.resources_id = Some(first.resources_id.clone());
+        let named = store.enqueue_rollout(named).await.unwrap();
+        let unnamed = store
+            .enqueue_rollout(EnqueueRolloutRequest::new(json!("q2")))
+            .await
+            .unwrap();
+
+        let mut r = GovernedRunner::new(kernel()).log_violations(false);
+        r.init(Probe);
+        r.init_worker("w", store.clone());
+        assert_eq!(r.iter(&CancellationToken::new()).await.unwrap().rollouts, 2);
+
+        let out = output_of(&store, &named.rollout_id).await;
+        let aid = out["attempt"].as_str().unwrap().to_string();
+        assert!(aid.starts_with("at-"), "{out}");
+        assert_eq!(out["names"], json!(["judge", "main_llm", "prompt"]));
+        // `judge` is first in name order and a plain `llm`: its endpoint is used as it is.
+        assert_eq!(
+            out["first"],
+            json!(["judge", "http://judge:8000/v1", "big", false])
+        );
+        assert_eq!(out["temperature"], json!(0.5));
+        assert_eq!(out["judge"], json!("http://judge:8000/v1"));
+        assert_eq!(out["template_is_not_an_llm"], json!(true));
+
+        // No resources_id: the latest set.
+        let out = output_of(&store, &unnamed.rollout_id).await;
+        assert_eq!(out["names"], json!(["other"]));
+        assert_eq!(out["first"][1], json!("http://other/v1"));
+    }
+
+    /// Asks for the proxy resource by name.
+    struct ProxyProbe;
+
+    #[async_trait::async_trait]
+    impl Agent for ProxyProbe {
+        type Input = String;
+        type Output = Option<String>;
+        async fn run(
+            &self,
+            _input: &String,
+            ctx: &mut StepContext,
+        ) -> Result<Option<String>, AgentError> {
+            Ok(ctx.llm_base_url(Some("main_llm")).map(|e| e.base_url))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_proxy_llm_is_rewritten_for_the_attempt_and_step_has_no_resources() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let mut res = NamedResources::new();
+        res.insert(
+            "main_llm".into(),
+            Resource::ProxyLlm(llm("http://127.0.0.1:9/v1", "smol")),
+        );
+        store.update_resources("v1", res).await.unwrap();
+        let ro = store
+            .enqueue_rollout(EnqueueRolloutRequest::new(json!("q")))
+            .await
+            .unwrap();
+        let mut r = GovernedRunner::new(kernel()).log_violations(false);
+        r.init(ProxyProbe);
+        r.init_worker("w", store.clone());
+        r.iter(&CancellationToken::new()).await.unwrap();
+        let attempt = store
+            .get_latest_attempt(&ro.rollout_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            output_of(&store, &ro.rollout_id).await,
+            json!(format!(
+                "http://127.0.0.1:9/rollout/{}/attempt/{}/v1",
+                ro.rollout_id, attempt.attempt_id
+            ))
+        );
+        // `step` runs without a store attempt: no resources.
+        let stepped = r.step("q".into(), None).await.unwrap();
+        assert_eq!(stepped.task_output, Some(None));
+    }
+
+    /// Plays the LLM gateway: stores violation annotation spans for its own attempt, as the
+    /// gateway does when it checks the model's answers.
+    struct GatewayLike {
+        store: Arc<dyn LightningStore>,
+        /// (policy, severity, blocked, source)
+        spans: Vec<(&'static str, &'static str, bool, Option<&'static str>)>,
+    }
+
+    #[async_trait::async_trait]
+    impl Agent for GatewayLike {
+        type Input = String;
+        type Output = String;
+        async fn run(&self, _input: &String, ctx: &mut StepContext) -> Result<String, AgentError> {
+            let rid = ctx.rollout_id().ok_or("no rollout")?.to_string();
+            let aid = ctx.attempt_id().ok_or("no attempt")?.to_string();
+            ctx.check(Action::sql("db", "SELECT 1"))?;
+            for (policy, severity, blocked, source) in &self.spans {
+                let mut a = Attributes::new();
+                a.insert("agent_os.violation.policy".into(), (*policy).into());
+                a.insert("agent_os.violation.severity".into(), (*severity).into());
+                a.insert("agent_os.violation.reason".into(), "said something".into());
+                a.insert("agent_os.violation.blocked".into(), (*blocked).into());
+                if let Some(s) = source {
+                    a.insert(SOURCE_ATTR.into(), (*s).into());
+                }
+                let seq = self.store.get_next_span_sequence_id(&rid, &aid).await?;
+                self.store
+                    .add_span(Span::new(&rid, &aid, seq, semconv::AGL_ANNOTATION, a))
+                    .await?;
+            }
+            Ok("done".into())
+        }
+    }
+
+    async fn run_gateway_like(
+        spans: Vec<(&'static str, &'static str, bool, Option<&'static str>)>,
+    ) -> (Arc<dyn LightningStore>, String, RunnerStats, Vec<String>) {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let ro = store
+            .enqueue_rollout(EnqueueRolloutRequest::new(json!("q")))
+            .await
+            .unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let mut r = GovernedRunner::new(kernel())
+            .log_violations(false)
+            .violation_callback(move |v| sink.lock().unwrap().push(v.policy_name.clone()))
+            .with_reward(Arc::new(PolicyReward::new(RewardConfig::default())));
+        r.init(GatewayLike {
+            store: store.clone(),
+            spans,
+        });
+        r.init_worker("w", store.clone());
+        r.iter(&CancellationToken::new()).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        (store, ro.rollout_id, r.local_stats(), seen)
+    }
+
+    #[tokio::test]
+    async fn gateway_violations_are_penalised_counted_and_reported() {
+        let (store, rid, stats, seen) = run_gateway_like(vec![
+            ("output_filter", "critical", true, Some("gateway")),
+            ("pii", "LOW", false, Some("gateway")),
+            // not the gateway's: ignored
+            ("sql_safety", "critical", true, Some("runner")),
+            ("sql_safety", "critical", true, None),
+        ])
+        .await;
+        assert_eq!(seen, ["output_filter", "pii"]);
+        assert_eq!(stats.total_violations, 2);
+        assert_eq!(stats.violating_rollouts, 1);
+        let attempt = store.get_latest_attempt(&rid).await.unwrap().unwrap();
+        let meta = Value::Object(attempt.metadata.unwrap());
+        assert_eq!(meta["violations"], json!(2));
+        assert_eq!(meta["total_penalty"], json!(101.0));
+        // The blocked answer makes the step unsuccessful: base 0, −100 −1, clamped to −100.
+        assert_eq!(meta["success"], json!(false));
+        let spans = store.list_spans(&rid, None).await.unwrap();
+        assert_eq!(find_final_reward(&spans), Some(-100.0));
+        let governance = spans
+            .iter()
+            .find(|s| s.attributes.contains_key("agent_os.policies_violated"))
+            .unwrap();
+        assert_eq!(
+            governance.attributes["agent_os.policies_violated"],
+            AttributeValue::StrArray(vec!["output_filter".into(), "pii".into()])
+        );
+        assert_eq!(
+            governance.attributes["agent_os.violation_types"],
+            AttributeValue::StrArray(vec!["blocked".into(), "warned".into()])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_warned_answer_costs_its_penalty_and_the_clean_bonus_but_not_success() {
+        let (store, rid, stats, _) =
+            run_gateway_like(vec![("pii", "medium", false, Some("gateway"))]).await;
+        assert_eq!(stats.total_violations, 1);
+        let attempt = store.get_latest_attempt(&rid).await.unwrap().unwrap();
+        let meta = Value::Object(attempt.metadata.unwrap());
+        assert_eq!(meta["success"], json!(true));
+        // base 1, medium −10, no clean bonus
+        let spans = store.list_spans(&rid, None).await.unwrap();
+        assert_eq!(find_final_reward(&spans), Some(-9.0));
+
+        // Without gateway violations the same rollout earns base 1 + clean bonus 5.
+        let (store, rid, stats, _) = run_gateway_like(vec![]).await;
+        assert_eq!(stats.total_violations, 0);
+        let spans = store.list_spans(&rid, None).await.unwrap();
+        assert_eq!(find_final_reward(&spans), Some(6.0));
+    }
+
+    #[test]
+    fn gateway_violation_spans_are_read_field_by_field() {
+        let span = |attrs: Vec<(&str, AttributeValue)>| {
+            let a: Attributes = attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            Span::new("ro-1", "at-1", 1, semconv::AGL_ANNOTATION, a)
+        };
+        let gw = || (SOURCE_ATTR, AttributeValue::from(SOURCE_GATEWAY));
+        let spans = vec![
+            span(vec![
+                gw(),
+                ("agent_os.violation.policy", "redact".into()),
+                ("agent_os.violation.severity", "High".into()),
+                ("agent_os.violation.effect", "modify".into()),
+                ("agent_os.violation.penalty", AttributeValue::Float(-7.0)),
+            ]),
+            span(vec![
+                gw(),
+                ("agent_os.violation.policy", "weird".into()),
+                ("agent_os.violation.severity", "catastrophic".into()),
+            ]),
+            // no policy: not a violation
+            span(vec![gw(), ("agent_os.violation.severity", "low".into())]),
+            // another span name
+            Span::new(
+                "ro-1",
+                "at-1",
+                1,
+                semconv::OPENAI_CHAT_COMPLETION,
+                [gw(), ("agent_os.violation.policy", "x".into())]
+                    .into_iter()
+                    .map(|(k, v): (&str, AttributeValue)| (k.to_string(), v))
+                    .collect(),
+            ),
+        ];
+        let vs = gateway_violations(&spans);
+        assert_eq!(vs.len(), 2);
+        assert_eq!(vs[0].policy_name, "redact");
+        assert_eq!(vs[0].severity, Severity::High);
+        assert_eq!(vs[0].violation_type, PolicyViolationType::Modified);
+        assert!(!vs[0].action_blocked);
+        assert_eq!(vs[0].penalty(), 7.0);
+        assert_eq!(vs[1].severity, agl_gov::FAIL_CLOSED_SEVERITY);
+        assert_eq!(vs[1].violation_type, PolicyViolationType::Warned);
+        assert_eq!(vs[1].description, "");
+    }
 }

@@ -1,0 +1,900 @@
+//! `agl eval`: evaluate an agent on a fixed subset of a Spider split under governance, print a
+//! short table and write the report.
+//!
+//! Two agents:
+//! - `--agent llm`: the SQL-writing LLM agent ([`agl_train::LlmSqlAgent`]: write → execute →
+//!   check → rewrite, at most `--max-turns` queries). The model runs in the built-in engine in
+//!   this process (`--model`, optionally a LoRA `--adapter DIR`), or any OpenAI-compatible
+//!   server (`--llm-upstream URL`). An in-memory store and its HTTP server with the LLM gateway
+//!   start on 127.0.0.1 (a free port); the gateway records every model call as a span (tokens)
+//!   and checks the model's output with the same kernel that checks the agent's SQL. One `test`
+//!   rollout per question; `--workers` runners serve them concurrently (so the engine batches).
+//! - `--agent scorer`: the built-in candidate-choosing policy (the scorer `agl train` trains,
+//!   here untrained, initialised from `--seed`), evaluated as `agl train` evaluates it (greedy
+//!   choice, kernel enforcing).
+//!
+//! The report has the shape of `agl train`'s (`seed`, `config`, `data`, the split's
+//! [`EvalStats`] under its name, `seconds`) plus `agent`, `violations` (per policy, in the
+//! agent's SQL and in the model's output), `llm` (turns, calls, tokens, tokens/s; `null` for
+//! the scorer) and, with `--rows`, one row per question.
+//!
+//! Responsible for the command line, wiring and printing; the agent, the reward and the
+//! metrics live in `agl-train`, the gateway in `agl-server`, the engine in `agl-llm`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agl_core::{EnqueueRolloutRequest, LlmResource, NamedResources, Resource, RolloutMode};
+use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile, TableStats};
+use agl_spider::{CandidateConfig, ExecutorConfig, Question, SpiderDataset, Split, db_info};
+use agl_store::{InMemoryLightningStore, LightningStore, RolloutQuery};
+use agl_train::{
+    CancellationToken, EvalStats, GovernedRunner, LlmSqlAgent, PolicyCounts, RewardConfig, Session,
+    SpiderTask, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, TaskConfig, TrainConfig, build_kernel,
+    initial_policy, rollout_result, sql_agent_reward, sql_eval_row,
+};
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::llm_cmd::Weights;
+
+/// Which agent `agl eval` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AgentKind {
+    /// An LLM writes, checks and rewrites SQL (through the LLM gateway).
+    Llm,
+    /// The built-in candidate-choosing policy (untrained, seeded by --seed).
+    Scorer,
+}
+
+impl AgentKind {
+    fn name(self) -> &'static str {
+        match self {
+            AgentKind::Llm => "llm",
+            AgentKind::Scorer => "scorer",
+        }
+    }
+}
+
+/// Arguments of `agl eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The agent: `llm` (an LLM writes SQL, checks and rewrites it) or `scorer` (the built-in
+    /// candidate-choosing policy, untrained, as `agl train` evaluates it).
+    #[arg(long, value_enum)]
+    agent: AgentKind,
+    /// The model (llm agent): a known name (`agl model pull NAME`), a .gguf file or a Hugging
+    /// Face model directory; with --llm-upstream, the model name that server knows.
+    #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
+    model: String,
+    /// A PEFT LoRA adapter directory to evaluate on top of --model (llm agent, built-in
+    /// engine); the agent's calls name the adapter.
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
+    /// The Spider split: dev (unseen databases) or train.
+    #[arg(long, default_value = "dev", value_parser = parse_split, value_name = "dev|train")]
+    split: Split,
+    /// Evaluate at most N questions (of those --offset or --every select).
+    #[arg(long, value_name = "N")]
+    limit: Option<usize>,
+    /// Skip the first K questions of the split (file order): questions K, K+1, ….
+    #[arg(long, value_name = "K", default_value_t = 0, conflicts_with = "every")]
+    offset: usize,
+    /// Take every K-th question of the split (file order): questions 0, K, 2K, …; a fixed
+    /// subset spread over the whole split, the same for every run and seed.
+    #[arg(long, value_name = "K")]
+    every: Option<usize>,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "FILE.json")]
+    report: Option<PathBuf>,
+    /// Include one row per question in the report.
+    #[arg(long)]
+    rows: bool,
+    /// Policy file (YAML) or preset name (strict, standard, permissive) declaring the kernel
+    /// that checks the agent's SQL and the model's output (enforce mode).
+    #[arg(long, default_value = agl_gov::DEFAULT_PRESET, value_name = "FILE")]
+    policy: String,
+    /// Concurrent agents (llm: so the engine batches their calls) or runner workers (scorer).
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Sampling temperature of the model (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Most queries the llm agent writes per question (the write plus rewrites).
+    #[arg(long, default_value_t = 3)]
+    max_turns: usize,
+    /// Most new tokens per model call.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: u32,
+    /// Seed: sampling of the model (with --temperature > 0), the scorer's initialisation and
+    /// candidate sets.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Use this OpenAI-compatible server (its API root, e.g. http://host:8000/v1) instead of the
+    /// built-in engine; the gateway still records and governs every call.
+    #[arg(long, value_name = "URL")]
+    llm_upstream: Option<String>,
+    /// API key of --llm-upstream.
+    #[arg(
+        long,
+        env = "AGL_LLM_UPSTREAM_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    llm_api_key: Option<String>,
+    /// Where the built-in engine runs: cpu, cuda, cuda:N (a build with `--features cuda`), or
+    /// auto.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// How the built-in engine holds the linear weights: dense (f32) or q8 (faster decoding).
+    #[arg(long, value_enum, default_value = "dense")]
+    weights: Weights,
+    /// Spider data directory [default: the vendored data/spider of this repository].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// Statement time limit in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    sql_timeout: f64,
+    /// Time limit of one model call in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    request_timeout: f64,
+}
+
+fn parse_split(s: &str) -> Result<Split, String> {
+    match s {
+        "dev" => Ok(Split::Dev),
+        "train" => Ok(Split::Train),
+        other => Err(format!("unknown split `{other}` (expected dev or train)")),
+    }
+}
+
+/// Positions (in the split's file order) that `--offset`/`--every` and `--limit` select, out
+/// of `total` questions.
+fn select(
+    total: usize,
+    offset: usize,
+    every: Option<usize>,
+    limit: Option<usize>,
+) -> anyhow::Result<Vec<usize>> {
+    let picked: Vec<usize> = match every {
+        Some(0) => bail!("--every must be at least 1"),
+        Some(k) => (0..total).step_by(k).collect(),
+        None => (offset.min(total)..total).collect(),
+    };
+    let picked: Vec<usize> = picked
+        .into_iter()
+        .take(limit.unwrap_or(usize::MAX))
+        .collect();
+    if picked.is_empty() {
+        bail!(
+            "no questions selected: the split has {total}, --offset {offset}, --limit {}",
+            limit.map_or("none".to_string(), |l| l.to_string())
+        );
+    }
+    Ok(picked)
+}
+
+fn selection_text(args: &EvalArgs, n: usize) -> String {
+    match args.every {
+        Some(k) => format!("every {k}th question, {n} questions"),
+        None => format!("{n} questions from position {}", args.offset),
+    }
+}
+
+#[derive(Serialize)]
+struct ReportConfig<'a> {
+    agent: &'static str,
+    model: Option<&'a str>,
+    adapter: Option<String>,
+    llm_upstream: Option<&'a str>,
+    split: &'static str,
+    limit: Option<usize>,
+    offset: usize,
+    every: Option<usize>,
+    policy: &'a str,
+    workers: usize,
+    temperature: f64,
+    max_turns: usize,
+    max_tokens: u32,
+    sql_timeout_seconds: f64,
+    data_dir: String,
+}
+
+#[derive(Serialize)]
+struct DataReport {
+    split: &'static str,
+    split_questions: usize,
+    questions: usize,
+    selection: String,
+}
+
+#[derive(Serialize)]
+struct ViolationReport {
+    /// Violations in total.
+    total: usize,
+    /// In the agent's SQL.
+    sql: usize,
+    /// In the model's output.
+    llm_output: usize,
+    by_policy: BTreeMap<String, PolicyCounts>,
+}
+
+#[derive(Serialize)]
+struct LlmReport {
+    model: String,
+    upstream: String,
+    mean_turns: f64,
+    mean_llm_calls: f64,
+    llm_errors: usize,
+    failed_rollouts: usize,
+    mean_reward: f64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    completion_tokens_per_second: f64,
+    tokens_per_second: f64,
+}
+
+#[derive(Serialize)]
+struct ScorerRow {
+    index: usize,
+    candidate: usize,
+    correct: bool,
+    reward: f64,
+    policies: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Rows {
+    Llm(Vec<SqlEvalRow>),
+    Scorer(Vec<ScorerRow>),
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    agent: &'static str,
+    seed: u64,
+    config: ReportConfig<'a>,
+    data: DataReport,
+    /// The split's metrics under its name (`dev` or `train`), as in `agl train`'s report.
+    #[serde(flatten)]
+    split: BTreeMap<&'static str, EvalStats>,
+    violations: ViolationReport,
+    llm: Option<LlmReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    questions: Option<Rows>,
+    seconds: f64,
+}
+
+/// What one agent's evaluation produced.
+struct Outcome {
+    stats: EvalStats,
+    violations: ViolationReport,
+    llm: Option<LlmReport>,
+    rows: Rows,
+}
+
+/// Runs `agl eval`.
+pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
+    anyhow::ensure!(args.max_turns > 0, "--max-turns must be at least 1");
+    anyhow::ensure!(args.max_tokens > 0, "--max-tokens must be at least 1");
+    anyhow::ensure!(
+        args.temperature.is_finite() && (0.0..=2.0).contains(&args.temperature),
+        "--temperature must be in [0, 2] (got {})",
+        args.temperature
+    );
+    anyhow::ensure!(
+        args.sql_timeout.is_finite() && args.sql_timeout > 0.0,
+        "--sql-timeout must be a positive number of seconds"
+    );
+    anyhow::ensure!(
+        args.request_timeout.is_finite() && args.request_timeout > 0.0,
+        "--request-timeout must be a positive number of seconds"
+    );
+    if args.agent == AgentKind::Llm && args.adapter.is_some() && args.llm_upstream.is_some() {
+        bail!("--adapter loads into the built-in engine; with --llm-upstream, serve it there");
+    }
+    if let Some(dir) = &args.adapter
+        && !dir.is_dir()
+    {
+        bail!(
+            "--adapter {}: not a directory (expected a PEFT adapter directory)",
+            dir.display()
+        );
+    }
+    if args.agent == AgentKind::Llm && args.llm_upstream.is_none() {
+        // Fail before loading any data when the model is missing.
+        agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
+            .with_context(|| format!("--model {}", args.model))?;
+    }
+    let policy =
+        PolicyFile::resolve(&args.policy).with_context(|| format!("--policy {}", args.policy))?;
+    let data = crate::train_cmd::data_dir(args.data.clone());
+    if !data.is_dir() {
+        bail!(
+            "data directory {} does not exist (pass --data DIR)",
+            data.display()
+        );
+    }
+    let dataset = SpiderDataset::load(&data)
+        .with_context(|| format!("loading Spider data from {}", data.display()))?;
+    let all = dataset.questions(args.split);
+    let picked = select(all.len(), args.offset, args.every, args.limit)?;
+    let questions: Vec<Question> = picked.iter().map(|&i| all[i].clone()).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let outcome = match args.agent {
+        AgentKind::Llm => run_llm(&args, &rt, &dataset, &policy, &questions)?,
+        AgentKind::Scorer => run_scorer(&args, &rt, &dataset, &policy, &picked)?,
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    print_table(&args, &outcome, seconds);
+    if let Some(path) = &args.report {
+        let split = args.split.as_str();
+        let report = Report {
+            agent: args.agent.name(),
+            seed: args.seed,
+            config: ReportConfig {
+                agent: args.agent.name(),
+                model: (args.agent == AgentKind::Llm).then_some(args.model.as_str()),
+                adapter: args.adapter.as_ref().map(|p| p.display().to_string()),
+                llm_upstream: args.llm_upstream.as_deref(),
+                split,
+                limit: args.limit,
+                offset: args.offset,
+                every: args.every,
+                policy: &args.policy,
+                workers: args.workers,
+                temperature: args.temperature,
+                max_turns: args.max_turns,
+                max_tokens: args.max_tokens,
+                sql_timeout_seconds: args.sql_timeout,
+                data_dir: data.display().to_string(),
+            },
+            data: DataReport {
+                split,
+                split_questions: all.len(),
+                questions: outcome.stats.questions,
+                selection: selection_text(&args, picked.len()),
+            },
+            split: BTreeMap::from([(split, outcome.stats.clone())]),
+            violations: outcome.violations,
+            llm: outcome.llm,
+            questions: args.rows.then_some(outcome.rows),
+            seconds,
+        };
+        write_file(path, &serde_json::to_vec_pretty(&report)?)?;
+        println!("report: {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Row counts of the databases `questions` use, for the cost policy.
+fn table_stats(dataset: &SpiderDataset, questions: &[Question]) -> anyhow::Result<TableStats> {
+    let mut stats = TableStats::new();
+    for q in questions {
+        if !stats.contains_key(&q.db_id) {
+            let info = db_info(&q.db_id, &dataset.db_path(&q.db_id))?;
+            stats.insert(q.db_id.clone(), info.row_counts());
+        }
+    }
+    Ok(stats)
+}
+
+/// The API name of `--model SPEC`: the name, or a file's stem / a directory's name.
+fn served_name(spec: &str) -> String {
+    let path = Path::new(spec);
+    if path.exists() {
+        let stem = if path.is_dir() {
+            path.file_name()
+        } else {
+            path.file_stem()
+        };
+        if let Some(s) = stem.and_then(|s| s.to_str()).filter(|s| !s.is_empty()) {
+            return s.to_string();
+        }
+    }
+    spec.to_string()
+}
+
+/// The built-in engine with `--model` (and `--adapter`), as an in-process upstream; returns
+/// the engine, the upstream and the model name the agent must send.
+fn start_engine(
+    args: &EvalArgs,
+) -> anyhow::Result<(agl_llm::Engine, agl_server::Upstream, String)> {
+    let files = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
+        .with_context(|| format!("--model {}", args.model))?;
+    let t0 = Instant::now();
+    let device = agl_llm::loader::device(&args.device).context("--device")?;
+    let loaded = agl_llm::load(&files, &device, args.weights.format())
+        .with_context(|| format!("loading --model {}", args.model))?;
+    let source = loaded.source.display().to_string();
+    let name = served_name(&args.model);
+    let engine = agl_llm::Engine::start(
+        loaded,
+        agl_llm::EngineConfig {
+            model_name: name.clone(),
+            max_batch_rows: args.workers.clamp(1, 64),
+        },
+    )
+    .context("starting the engine")?;
+    eprintln!(
+        "agl eval: loaded {source} as `{name}` in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let mut adapter_roots = std::collections::HashMap::new();
+    let model = match &args.adapter {
+        Some(dir) => {
+            let adapter = dir
+                .file_name()
+                .and_then(|s| s.to_str())
+                .filter(|s| !s.is_empty() && *s != name)
+                .unwrap_or("adapter")
+                .to_string();
+            engine
+                .load_adapter(&adapter, dir)
+                .with_context(|| format!("--adapter {}", dir.display()))?;
+            adapter_roots.insert(adapter.clone(), dir.display().to_string());
+            eprintln!("agl eval: adapter `{adapter}` from {}", dir.display());
+            adapter
+        }
+        None => name,
+    };
+    let router = agl_llm::api::router(
+        engine.clone(),
+        agl_llm::api::ApiOptions {
+            model_root: Some(source),
+            adapter_roots,
+            ..agl_llm::api::ApiOptions::default()
+        },
+    );
+    Ok((engine, agl_server::Upstream::InProcess(router), model))
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let style =
+        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos:>5}/{len} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix("eval");
+    bar
+}
+
+fn run_llm(
+    args: &EvalArgs,
+    rt: &tokio::runtime::Runtime,
+    dataset: &SpiderDataset,
+    policy: &PolicyFile,
+    questions: &[Question],
+) -> anyhow::Result<Outcome> {
+    let env = BuildEnv {
+        table_stats: table_stats(dataset, questions)?,
+        mode: Some(GovernanceMode::Enforce),
+    };
+    let kernel: Arc<Kernel> = Arc::new(
+        policy
+            .build(&env)
+            .with_context(|| format!("--policy {}", args.policy))?,
+    );
+    let (engine, upstream, model) = match &args.llm_upstream {
+        Some(url) => (
+            None,
+            agl_server::Upstream::Http {
+                base_url: url.clone(),
+                api_key: args.llm_api_key.clone(),
+            },
+            args.model.clone(),
+        ),
+        None => {
+            let (engine, upstream, model) = start_engine(args)?;
+            (Some(engine), upstream, model)
+        }
+    };
+    let upstream_label = args
+        .llm_upstream
+        .clone()
+        .unwrap_or_else(|| "built-in engine".to_string());
+    let agent = Arc::new(LlmSqlAgent::new(
+        dataset.root.join(agl_spider::DATABASE_DIR),
+        SqlAgentConfig {
+            max_turns: args.max_turns,
+            max_tokens: args.max_tokens,
+            temperature: args.temperature as f32,
+            request_timeout: Duration::from_secs_f64(args.request_timeout),
+            llm_resource: Some("main_llm".into()),
+            executor: ExecutorConfig {
+                timeout: Duration::from_secs_f64(args.sql_timeout),
+            },
+        },
+    )?);
+    let result = rt.block_on(async {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let gateway = agl_server::GatewayConfig {
+            upstream,
+            kernel: Some(kernel.clone()),
+            request_timeout: Duration::from_secs_f64(args.request_timeout),
+        };
+        let config = agl_server::ServerConfig {
+            port: 0,
+            ..agl_server::ServerConfig::default()
+        };
+        let server = agl_server::start_with_gateway(store.clone(), config, Some(gateway))
+            .await
+            .context("starting the store server with the LLM gateway")?;
+        let outcome = eval_llm(
+            args,
+            &store,
+            &server.url(),
+            kernel,
+            agent,
+            &model,
+            questions,
+        )
+        .await;
+        server.shutdown().await?;
+        let (rows, seconds) = outcome?;
+        Ok::<_, anyhow::Error>((rows, seconds))
+    });
+    if let Some(engine) = engine {
+        engine.shutdown();
+    }
+    let (rows, seconds) = result?;
+    let s = SqlEvalSummary::from_rows(&rows, seconds);
+    Ok(Outcome {
+        stats: EvalStats {
+            questions: s.questions,
+            accuracy: s.accuracy,
+            violation_rate: s.violation_rate,
+        },
+        violations: ViolationReport {
+            total: s.sql_violations + s.llm_output_violations,
+            sql: s.sql_violations,
+            llm_output: s.llm_output_violations,
+            by_policy: s.violations_by_policy.clone(),
+        },
+        llm: Some(LlmReport {
+            model,
+            upstream: upstream_label,
+            mean_turns: s.mean_turns,
+            mean_llm_calls: s.mean_llm_calls,
+            llm_errors: s.llm_errors,
+            failed_rollouts: s.failed,
+            mean_reward: s.mean_reward,
+            prompt_tokens: s.prompt_tokens,
+            completion_tokens: s.completion_tokens,
+            completion_tokens_per_second: s.completion_tokens_per_second,
+            tokens_per_second: s.tokens_per_second,
+        }),
+        rows: Rows::Llm(rows),
+    })
+}
+
+/// Enqueues one rollout per question, serves them with `--workers` governed runners, and reads
+/// them back; returns the rows in question order and the seconds the rollouts took.
+async fn eval_llm(
+    args: &EvalArgs,
+    store: &Arc<dyn LightningStore>,
+    url: &str,
+    kernel: Arc<Kernel>,
+    agent: Arc<LlmSqlAgent>,
+    model: &str,
+    questions: &[Question],
+) -> anyhow::Result<(Vec<SqlEvalRow>, f64)> {
+    let mut sampling = serde_json::Map::new();
+    sampling.insert("temperature".into(), serde_json::json!(args.temperature));
+    sampling.insert("max_tokens".into(), serde_json::json!(args.max_tokens));
+    sampling.insert("seed".into(), serde_json::json!(args.seed));
+    let mut resources = NamedResources::new();
+    resources.insert(
+        "main_llm".into(),
+        Resource::ProxyLlm(LlmResource {
+            endpoint: format!("{url}/v1"),
+            model: model.to_string(),
+            api_key: None,
+            sampling_parameters: sampling,
+        }),
+    );
+    let resources_id = "agl-eval";
+    store.update_resources(resources_id, resources).await?;
+    let requests = questions
+        .iter()
+        .map(|q| {
+            let mut r = EnqueueRolloutRequest::new(serde_json::to_value(q)?);
+            r.mode = Some(RolloutMode::Test);
+            r.resources_id = Some(resources_id.to_string());
+            Ok(r)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let ids: Vec<String> = store
+        .enqueue_many(requests)
+        .await?
+        .into_iter()
+        .map(|r| r.rollout_id)
+        .collect();
+
+    let started = Instant::now();
+    let stop = CancellationToken::new();
+    let reward = Arc::new(sql_agent_reward(RewardConfig::default()));
+    let pid = std::process::id();
+    let mut workers = Vec::new();
+    for i in 0..args.workers.min(ids.len()) {
+        let mut runner = GovernedRunner::new(kernel.clone())
+            .log_violations(false)
+            .with_reward(reward.clone());
+        runner.init_shared(agent.clone());
+        runner.init_worker(format!("Eval-{pid}-{i}"), store.clone());
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move { runner.iter(&stop).await }));
+    }
+
+    let bar = progress_bar(ids.len() as u64);
+    let mut seen: HashSet<String> = HashSet::new();
+    let (mut correct, mut violating) = (0usize, 0usize);
+    let mut failure = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for r in store.wait_for_rollouts(&ids, Some(Duration::ZERO)).await? {
+            if !seen.insert(r.rollout_id.clone()) {
+                continue;
+            }
+            if let Some(meta) = store
+                .get_latest_attempt(&r.rollout_id)
+                .await?
+                .and_then(|a| a.metadata)
+            {
+                correct += usize::from(
+                    meta.get("output")
+                        .and_then(|o| o.get("correct"))
+                        .and_then(serde_json::Value::as_bool)
+                        .unwrap_or(false),
+                );
+                violating += usize::from(
+                    meta.get("violations")
+                        .and_then(serde_json::Value::as_u64)
+                        .is_some_and(|v| v > 0),
+                );
+            }
+        }
+        let done = seen.len().max(1) as f64;
+        bar.set_position(seen.len() as u64);
+        bar.set_message(format!(
+            "accuracy {:.3}  violations {:>5.1}%",
+            correct as f64 / done,
+            100.0 * violating as f64 / done
+        ));
+        if let Some(i) = workers.iter().position(|w| w.is_finished()) {
+            let w = workers.swap_remove(i);
+            match w.await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => failure = Some(format!("a runner worker failed: {e}")),
+                Err(e) => failure = Some(format!("a runner worker stopped: {e}")),
+            }
+            if failure.is_some() {
+                stop.cancel();
+                break;
+            }
+        }
+        // A worker returns once the queue is empty, after reporting its last rollout: when
+        // none is left, every rollout is finished.
+        if workers.is_empty() || seen.len() == ids.len() {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    for w in workers {
+        match w.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                failure.get_or_insert(format!("a runner worker failed: {e}"));
+            }
+            Err(e) => {
+                failure.get_or_insert(format!("a runner worker stopped: {e}"));
+            }
+        }
+    }
+    if let Some(f) = failure {
+        bail!(f);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let rollout = store
+            .get_rollout_by_id(id)
+            .await?
+            .with_context(|| format!("rollout {id} disappeared from the store"))?;
+        let attempt = store.get_latest_attempt(id).await?;
+        let spans = store.list_spans(id, Some("latest")).await?;
+        rows.push(sql_eval_row(&rollout, attempt.as_ref(), &spans));
+    }
+    Ok((rows, seconds))
+}
+
+fn run_scorer(
+    args: &EvalArgs,
+    rt: &tokio::runtime::Runtime,
+    dataset: &SpiderDataset,
+    policy: &PolicyFile,
+    picked: &[usize],
+) -> anyhow::Result<Outcome> {
+    let all = dataset.questions(args.split);
+    let needed = picked.iter().max().map_or(0, |m| m + 1);
+    let keep: HashSet<usize> = picked.iter().map(|&p| all[p].index).collect();
+    let (limit, dev_limit) = match args.split {
+        Split::Train => (Some(needed), Some(0)),
+        Split::Dev => (Some(0), Some(needed)),
+    };
+    let candidates = CandidateConfig {
+        seed: args.seed,
+        ..CandidateConfig::default()
+    };
+    let mut task = SpiderTask::prepare(
+        dataset,
+        &TaskConfig {
+            candidates,
+            limit,
+            dev_limit,
+            threads: args.workers.clamp(1, 2),
+            executor: ExecutorConfig {
+                timeout: Duration::from_secs_f64(args.sql_timeout),
+            },
+        },
+    )?;
+    match args.split {
+        Split::Train => task.train.retain(|it| keep.contains(&it.question.index)),
+        Split::Dev => task.dev.retain(|it| keep.contains(&it.question.index)),
+    }
+    anyhow::ensure!(
+        !task.items(args.split).is_empty(),
+        "no usable questions selected (their gold queries fail to execute)"
+    );
+    let kernel = Arc::new(build_kernel(&task, policy, GovernanceMode::Enforce, None)?);
+    let config = TrainConfig {
+        workers: args.workers,
+        seed: args.seed,
+        policy: args.policy.clone(),
+        ..TrainConfig::default()
+    };
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(format!(
+        "evaluating the scorer on {} {} questions",
+        task.items(args.split).len(),
+        args.split
+    ));
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let task = Arc::new(task);
+    let result = rt.block_on(async {
+        let session = Session::start(task.clone(), &config, kernel.clone(), kernel);
+        let model = initial_policy(args.seed)?;
+        let stats = session.evaluate(model.as_ref(), args.split).await;
+        let store = session.store().clone();
+        session.shutdown().await?;
+        let stats = stats?;
+        let mut rows = Vec::new();
+        for r in store.query_rollouts(RolloutQuery::all()).await?.items {
+            let r = r.rollout();
+            let spans = store.list_spans(&r.rollout_id, Some("latest")).await?;
+            // one entry per violation span (a policy can report one action twice)
+            let per_violation: Vec<String> = spans
+                .iter()
+                .filter_map(|s| s.attributes.get("agent_os.violation.policy"))
+                .filter_map(|p| p.as_str().map(str::to_string))
+                .collect();
+            rows.push((rollout_result(r, &spans)?, per_violation));
+        }
+        Ok::<_, anyhow::Error>((stats, rows))
+    });
+    bar.finish_and_clear();
+    let (stats, results) = result?;
+    let mut by_policy: BTreeMap<String, PolicyCounts> = BTreeMap::new();
+    let mut total = 0;
+    let items = task.items(args.split);
+    let mut rows = Vec::with_capacity(results.len());
+    for (r, per_violation) in &results {
+        total += per_violation.len();
+        for p in per_violation {
+            by_policy.entry(p.clone()).or_default().sql += 1;
+        }
+        rows.push(ScorerRow {
+            index: items
+                .get(r.input.question)
+                .map_or(r.input.question, |it| it.question.index),
+            candidate: r.input.candidate,
+            correct: r.correct,
+            reward: r.reward,
+            policies: r.policies.clone(),
+        });
+    }
+    rows.sort_by_key(|r| r.index);
+    Ok(Outcome {
+        stats,
+        violations: ViolationReport {
+            total,
+            sql: total,
+            llm_output: 0,
+            by_policy,
+        },
+        llm: None,
+        rows: Rows::Scorer(rows),
+    })
+}
+
+fn print_table(args: &EvalArgs, o: &Outcome, seconds: f64) {
+    let who = match &o.llm {
+        Some(l) => format!("llm agent, model `{}` ({})", l.model, l.upstream),
+        None => format!("scorer agent (untrained, seed {})", args.seed),
+    };
+    println!(
+        "\nagl eval: {who} on {} ({} questions)",
+        args.split, o.stats.questions
+    );
+    let row = |label: &str, value: String| println!("{label:<30}{value:>14}");
+    row("execution accuracy", format!("{:.3}", o.stats.accuracy));
+    row("violation rate", format!("{:.3}", o.stats.violation_rate));
+    row(
+        "violations (sql / output)",
+        format!("{} / {}", o.violations.sql, o.violations.llm_output),
+    );
+    if let Some(l) = &o.llm {
+        row("mean turns", format!("{:.2}", l.mean_turns));
+        row("mean LLM calls", format!("{:.2}", l.mean_llm_calls));
+        row("failed LLM calls", l.llm_errors.to_string());
+        row(
+            "tokens (prompt / completion)",
+            format!("{} / {}", l.prompt_tokens, l.completion_tokens),
+        );
+        row(
+            "completion tokens/s",
+            format!("{:.1}", l.completion_tokens_per_second),
+        );
+    }
+    row("wall time", format!("{seconds:.1} s"));
+    for (policy, c) in &o.violations.by_policy {
+        println!(
+            "  {policy}: {} in SQL, {} in model output",
+            c.sql, c.llm_output
+        );
+    }
+    println!();
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(path, bytes).with_context(|| format!("--report: writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offset_and_every_select_fixed_positions() {
+        assert_eq!(select(10, 0, None, Some(3)).unwrap(), [0, 1, 2]);
+        assert_eq!(select(10, 8, None, None).unwrap(), [8, 9]);
+        assert_eq!(select(10, 0, Some(4), None).unwrap(), [0, 4, 8]);
+        assert_eq!(select(10, 0, Some(3), Some(2)).unwrap(), [0, 3]);
+        assert!(select(10, 10, None, None).is_err());
+        assert!(select(10, 0, Some(0), None).is_err());
+        assert!(select(10, 0, None, Some(0)).is_err());
+    }
+
+    #[test]
+    fn split_names_parse_and_unknown_ones_are_refused() {
+        assert_eq!(parse_split("dev"), Ok(Split::Dev));
+        assert_eq!(parse_split("train"), Ok(Split::Train));
+        assert!(parse_split("test").unwrap_err().contains("dev or train"));
+    }
+}

@@ -1,0 +1,229 @@
+//! `agl eval` through the real binary: bad flags give one line and exit 1 or 2 without a
+//! panic; the scorer writes a report with `agl train`'s shape; the LLM agent answers real
+//! Spider questions with the real model through the LLM gateway.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn agl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agl"))
+        .args(args)
+        .env_remove("AGL_DATA")
+        .env_remove("AGL_LLM_UPSTREAM_KEY")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .output()
+        .expect("run agl")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Fails with `code`, one non-empty stderr line mentioning `needle`, and no panic.
+fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
+    assert!(
+        lines[0].contains(needle),
+        "{err:?} should mention {needle:?}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+fn report(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    let o = agl(&["eval", "--agent", "scorer", "--split", "test"]);
+    assert_one_line_error(&o, 2, "unknown split `test`");
+    let o = agl(&["eval", "--agent", "robot"]);
+    assert_one_line_error(&o, 2, "robot");
+    // (clap names the missing flag on its second line, which `agl` leaves out)
+    let o = agl(&["eval", "--split", "dev"]);
+    assert_one_line_error(&o, 2, "required arguments were not provided");
+    let o = agl(&["eval", "--agent", "scorer", "--offset", "3", "--every", "2"]);
+    assert_one_line_error(&o, 2, "--every");
+    let o = agl(&["eval", "--agent", "scorer", "--every", "0"]);
+    assert_one_line_error(&o, 1, "--every must be at least 1");
+    let o = agl(&["eval", "--agent", "scorer", "--offset", "100000"]);
+    assert_one_line_error(&o, 1, "no questions selected");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "scorer",
+        "--policy",
+        "/nonexistent/policy.yaml",
+    ]);
+    assert_one_line_error(&o, 1, "/nonexistent/policy.yaml");
+    let o = agl(&["eval", "--agent", "scorer", "--data", "/nonexistent/spider"]);
+    assert_one_line_error(&o, 1, "/nonexistent/spider");
+}
+
+#[test]
+fn a_missing_model_file_is_one_line_error() {
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "llm",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--limit",
+        "1",
+    ]);
+    assert_one_line_error(&o, 1, "--model /nonexistent/model.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_dir = dir.path().join("adapter.bin");
+    std::fs::write(&not_a_dir, b"x").unwrap();
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "llm",
+        "--adapter",
+        not_a_dir.to_str().unwrap(),
+        "--limit",
+        "1",
+    ]);
+    assert_one_line_error(&o, 1, "--adapter");
+}
+
+#[test]
+fn scorer_report_has_the_train_report_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eval.json");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "scorer",
+        "--limit",
+        "20",
+        "--rows",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("execution accuracy"), "{stdout}");
+    let r = report(&path);
+    for key in [
+        "agent",
+        "seed",
+        "config",
+        "data",
+        "dev",
+        "violations",
+        "llm",
+        "questions",
+        "seconds",
+    ] {
+        assert!(r.get(key).is_some(), "missing {key}: {r}");
+    }
+    assert_eq!(r["agent"], "scorer");
+    assert_eq!(r["llm"], Value::Null);
+    // the same metric object as `agl train`'s `dev`
+    let dev = &r["dev"];
+    assert_eq!(dev["questions"], 20);
+    let (acc, vr) = (
+        dev["accuracy"].as_f64().unwrap(),
+        dev["violation_rate"].as_f64().unwrap(),
+    );
+    assert!(
+        (0.0..=1.0).contains(&acc) && (0.0..=1.0).contains(&vr),
+        "{dev}"
+    );
+    assert_eq!(r["data"]["questions"], 20);
+    assert_eq!(r["data"]["split_questions"], 972);
+    let rows = r["questions"].as_array().unwrap();
+    assert_eq!(rows.len(), 20);
+    assert_eq!(rows[0]["index"], 0);
+    let correct = rows.iter().filter(|q| q["correct"] == true).count();
+    assert_eq!(correct as f64 / 20.0, acc);
+    // every violation of the scorer is in SQL
+    assert_eq!(r["violations"]["llm_output"], 0);
+    assert_eq!(r["violations"]["sql"], r["violations"]["total"]);
+}
+
+#[test]
+fn every_kth_question_is_a_fixed_subset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eval.json");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "scorer",
+        "--every",
+        "100",
+        "--rows",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = report(&path);
+    let idx: Vec<u64> = r["questions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["index"].as_u64().unwrap())
+        .collect();
+    // positions 0, 100, …, 900 of the 972 usable dev questions
+    assert_eq!(idx.len(), 10, "{idx:?}");
+    assert_eq!(idx[0], 0);
+}
+
+/// The built-in model, pulled when missing; `None` (with the reason) when it cannot be had.
+fn model() -> Option<std::path::PathBuf> {
+    match agl_llm::hub::ensure(agl_llm::hub::DEFAULT_MODEL, &agl_llm::hub::agl_home()) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("SKIP: the model is unobtainable here: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn llm_agent_answers_two_questions_through_the_gateway_with_the_real_model() {
+    if model().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eval.json");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "llm",
+        "--limit",
+        "2",
+        "--workers",
+        "2",
+        "--max-turns",
+        "1",
+        "--max-tokens",
+        "48",
+        "--rows",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = report(&path);
+    assert_eq!(r["agent"], "llm");
+    assert_eq!(r["dev"]["questions"], 2);
+    let llm = &r["llm"];
+    assert!(llm["prompt_tokens"].as_u64().unwrap() > 0, "{llm}");
+    assert!(llm["completion_tokens"].as_u64().unwrap() > 0, "{llm}");
+    assert_eq!(llm["failed_rollouts"], 0, "{r}");
+    // one write and one check per question (max-turns 1), unless a call was refused
+    let rows = r["questions"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for q in rows {
+        let calls = q["llm_calls"].as_u64().unwrap();
+        assert!((1..=2).contains(&calls), "{q}");
+        assert!(q["reward"].is_number(), "{q}");
+    }
+}

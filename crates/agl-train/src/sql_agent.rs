@@ -1,0 +1,1449 @@
+//! `LlmSqlAgent`: an LLM that writes SQL for Spider questions, checks its own query and
+//! rewrites it, with every statement governed, as Agent Lightning's `examples/spider` agent.
+//!
+//! The workflow is Agent Lightning's LangGraph SQL agent (`examples/spider/sql_agent.py`), in
+//! Rust, with our own prompts ([`agl_spider::prompts`]):
+//!
+//! ```text
+//! write_query → execute_query → check_query ─┬─ verdict CORRECT, or turn = max_turns ─→ end
+//!                    ↑                       └─ otherwise ─→ rewrite_query (turn + 1) ─┐
+//!                    └─────────────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! - **write** and **rewrite** ask the model for one ```` ```sql ```` block
+//!   ([`prompts::extract_sql`] reads it); a reply without SQL skips the check (there is nothing
+//!   to check) and goes to the rewrite with feedback saying so;
+//! - **execute** first asks the kernel ([`StepContext::check`] with [`Action::sql`]): a blocked
+//!   statement never runs, and its "result" is the policy's reason, which the checker and the
+//!   rewrite see (the agent may recover); an allowed one runs in the sandboxed
+//!   [`agl_spider::Executor`] (in-memory copy, always rolled back, time limit) on a blocking
+//!   thread;
+//! - **check** asks the model to review the query and its result and to end with
+//!   `THE QUERY IS CORRECT` / `THE QUERY IS INCORRECT` ([`prompts::parse_verdict`]: the last
+//!   all-caps verdict wins; no verdict counts as not correct);
+//! - the loop ends on a CORRECT verdict or once `max_turns` queries were written (default 3:
+//!   the write is turn 1, each rewrite adds one), so a question costs at most `2 × max_turns`
+//!   model calls.
+//!
+//! The final query is the last one written. The task reward ([`sql_agent_reward`]) is 1.0 when
+//! it ran and its result matches the gold query's by Spider's execution match
+//! ([`agl_spider::execution_match`]), else 0.0 (blocked, SQL error, time-out, no SQL, wrong
+//! result), shaped by [`PolicyReward`]. Violations of the model's own output, which the LLM
+//! gateway checks, reach the same reward through the runner (see [`crate::runner`]).
+//!
+//! The model is called through the OpenAI-compatible API with the `async-openai` client, at the
+//! base URL of the rollout's `llm`/`proxy_llm` resource ([`StepContext::llm_base_url`]), with
+//! the resource's `temperature`, `top_p`, `max_tokens` and `seed` (defaults: temperature 0,
+//! [`SqlAgentConfig::max_tokens`]). A failed call (an HTTP error such as the gateway's 403
+//! `policy_violation`, a time-out after [`SqlAgentConfig::request_timeout`], no text) never
+//! panics or hangs: it is recorded in [`SqlAgentOutput::llm_errors`] and the agent stops, its
+//! final query being the last one it wrote (none when the first call failed). The client
+//! retries 429 and 5xx answers up to 3 times with short back-off (its default); 4xx answers
+//! are not retried.
+//!
+//! Every statement is recorded as an `agentlightning.operation` span (see [`LlmSqlAgent`]).
+//! [`sql_eval_row`] and [`SqlEvalSummary`] read finished rollouts back for `agl eval`.
+//!
+//! Not responsible for serving the model, the gateway, or choosing among candidates (the
+//! built-in scorer agent is [`crate::SpiderRunner`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use agl_core::{Attempt, AttributeValue, Attributes, Rollout, Span, semconv};
+use agl_gov::{Action, ActionKind};
+use agl_spider::prompts::{self, CheckVerdict, PromptMessage};
+use agl_spider::{
+    Execution, Executor, ExecutorConfig, Question, ResultSet, db_info, execution_match,
+    gold_is_ordered,
+};
+use async_openai::Client;
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::types::chat::{
+    ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
+    ChatCompletionRequestUserMessage, CreateChatCompletionRequest,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::TrainError;
+use crate::reward::{PolicyReward, RewardConfig};
+use crate::runner::{Agent, AgentError, LlmEndpoint, StepContext, gateway_violations};
+use crate::violation::GovernedRollout;
+
+/// Feedback given to the rewrite when a reply held no SQL.
+const NO_SQL_FEEDBACK: &str = "The answer contained no SQL query. Answer with exactly one \
+fenced ```sql block holding one query.";
+
+/// Settings of [`LlmSqlAgent`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlAgentConfig {
+    /// Most queries written per question: the write plus the rewrites (default 3, as Agent
+    /// Lightning's example; at least 1).
+    pub max_turns: usize,
+    /// Most new tokens per model call (`max_completion_tokens`; default 512, sized for a small
+    /// CPU model). A resource's `max_tokens` sampling parameter overrides it.
+    pub max_tokens: u32,
+    /// Temperature when the resource's sampling parameters have none (default 0: greedy, for
+    /// evaluation).
+    pub temperature: f32,
+    /// Time limit of one model call, the answer included (default 300 s).
+    pub request_timeout: Duration,
+    /// The LLM resource to use; `None`: the first `llm` or `proxy_llm` resource in name order.
+    pub llm_resource: Option<String>,
+    /// The executor's settings (statement time limit).
+    pub executor: ExecutorConfig,
+}
+
+impl Default for SqlAgentConfig {
+    fn default() -> Self {
+        Self {
+            max_turns: 3,
+            max_tokens: 512,
+            temperature: 0.0,
+            request_timeout: Duration::from_secs(300),
+            llm_resource: None,
+            executor: ExecutorConfig::default(),
+        }
+    }
+}
+
+/// What happened to one turn's query. JSON: an object tagged by `status`: `executed` (with
+/// `rows`, `columns`, `rows_changed`, `schema_changed`), `failed` (`error`: SQLite's message or
+/// the time-out), `blocked` (`policy`, `reason`), `no_sql`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum SqlResult {
+    /// The kernel allowed it and it ran.
+    Executed {
+        /// Rows returned.
+        rows: usize,
+        /// Columns returned.
+        columns: usize,
+        /// Rows it changed (rolled back).
+        rows_changed: u64,
+        /// Whether it changed the schema (rolled back).
+        schema_changed: bool,
+    },
+    /// The kernel allowed it and it failed (SQL error, time-out, sandbox refusal).
+    Failed {
+        /// Why.
+        error: String,
+    },
+    /// The kernel blocked it; it did not run.
+    Blocked {
+        /// The blocking policy.
+        policy: String,
+        /// The policy's reason.
+        reason: String,
+    },
+    /// The model's reply held no SQL.
+    NoSql,
+}
+
+/// One turn: the query written (or rewritten), what happened to it, and the checker's verdict.
+/// JSON fields as named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SqlTurn {
+    /// 1 for the write, 2… for rewrites.
+    pub turn: usize,
+    /// The query as the model wrote it (`None`: no SQL in the reply).
+    pub sql: Option<String>,
+    /// What happened to it.
+    pub result: SqlResult,
+    /// The checker's verdict (`None`: no check, the check call failed, or no verdict in it).
+    pub verdict: Option<CheckVerdict>,
+}
+
+/// Why the agent stopped. JSON: `"correct"`, `"max_turns"`, `"llm_error"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The checker's verdict was CORRECT.
+    Correct,
+    /// `max_turns` queries were written.
+    MaxTurns,
+    /// A model call failed (see [`SqlAgentOutput::llm_errors`]).
+    LlmError,
+}
+
+/// What [`LlmSqlAgent`] returns for one question (the attempt's `output` metadata). JSON fields
+/// as named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SqlAgentOutput {
+    /// The last query written (`None` when no query was written).
+    pub final_sql: Option<String>,
+    /// Queries written (1 ≤ turns ≤ `max_turns`; 0 when the first call failed).
+    pub turns: usize,
+    /// Whether the final query ran and matched the gold result (the task reward is 1 exactly
+    /// then).
+    pub correct: bool,
+    /// The checker's verdicts, one per check made, in order (`null`: no verdict found).
+    pub verdicts: Vec<Option<CheckVerdict>>,
+    /// Model calls made, failed ones included.
+    pub llm_calls: usize,
+    /// The failed model calls' errors (for example `HTTP 403 Forbidden: policy_violation: …`).
+    pub llm_errors: Vec<String>,
+    /// Policies that reported the agent's SQL (one entry per violation, in order).
+    pub sql_violations: Vec<String>,
+    /// Why the loop ended.
+    pub stop: StopReason,
+    /// Every turn.
+    pub history: Vec<SqlTurn>,
+}
+
+/// The policy-shaped reward of the SQL agent: base 1.0 when [`SqlAgentOutput::correct`], else
+/// 0.0 (also when the agent failed), then `config`'s penalties and clean bonus
+/// ([`PolicyReward`]).
+pub fn sql_agent_reward(config: RewardConfig) -> PolicyReward<Question, SqlAgentOutput> {
+    PolicyReward::new(config).with_base_reward(|r: &GovernedRollout<Question, SqlAgentOutput>| {
+        if r.task_output.as_ref().is_some_and(|o| o.correct) {
+            1.0
+        } else {
+            0.0
+        }
+    })
+}
+
+/// Sandboxed executors for concurrent steps: one is taken per statement and put back, so each
+/// keeps its in-memory database copies ([`Executor`] is `Send`, not `Sync`).
+struct ExecutorPool {
+    db_root: PathBuf,
+    config: ExecutorConfig,
+    idle: Mutex<Vec<Executor>>,
+}
+
+impl ExecutorPool {
+    fn idle(&self) -> MutexGuard<'_, Vec<Executor>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `sql` on `db_id` on a blocking thread.
+    async fn execute(self: &Arc<Self>, db_id: &str, sql: &str) -> Result<Execution, String> {
+        let pool = self.clone();
+        let (db, sql) = (db_id.to_string(), sql.to_string());
+        tokio::task::spawn_blocking(move || {
+            let taken = pool.idle().pop();
+            let mut ex = taken.unwrap_or_else(|| Executor::new(pool.db_root.clone(), pool.config));
+            let out = ex.execute(&db, &sql).map_err(|e| e.to_string());
+            pool.idle().push(ex);
+            out
+        })
+        .await
+        .map_err(|e| format!("the SQL executor stopped: {e}"))?
+    }
+}
+
+/// The SQL-writing LLM agent (see the module docs). Share one between runner workers
+/// ([`crate::GovernedRunner::init_shared`]): it holds a pool of executors, the rendered schemas
+/// and one HTTP client.
+///
+/// Input: a Spider [`Question`] (JSON `split`, `index`, `db_id`, `question`, `gold_sql`).
+/// Output: [`SqlAgentOutput`]. Errors (the rollout then fails, without output): no LLM
+/// resource, an unknown database, a kernel failure, or a refused check under
+/// `fail_on_violation`.
+///
+/// Spans ([`StepContext::annotate`]), one per query written, in order: `agentlightning.operation`
+/// with `agentlightning.operation.name = "sql.query"`, `agl.turn`, `agl.database`, `agl.sql`,
+/// `agl.status` (`executed`, `failed`, `blocked`, `no_sql`), `agl.executed`,
+/// `agl.rows_returned`, `agl.rows_changed`, `agl.schema_changed`, `agl.destructive`,
+/// `agl.error` / `agl.policy` when they apply, and `agl.check` (`correct`, `incorrect`, `none`).
+pub struct LlmSqlAgent {
+    config: SqlAgentConfig,
+    db_root: PathBuf,
+    pool: Arc<ExecutorPool>,
+    schemas: Mutex<HashMap<String, Arc<str>>>,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for LlmSqlAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmSqlAgent")
+            .field("config", &self.config)
+            .field("db_root", &self.db_root)
+            .finish()
+    }
+}
+
+/// The sampling settings of one rollout's calls.
+struct Sampling {
+    model: String,
+    temperature: f32,
+    top_p: Option<f32>,
+    max_tokens: u32,
+    seed: Option<i64>,
+}
+
+/// The model of one rollout: a client at the rollout's base URL and its sampling settings.
+struct Llm {
+    client: Client<OpenAIConfig>,
+    sampling: Sampling,
+}
+
+/// One query's outcome, with the rows when it ran.
+struct Ran {
+    result: SqlResult,
+    rows: Option<ResultSet>,
+    feedback_text: String,
+}
+
+fn is_plain_db_id(db_id: &str) -> bool {
+    !db_id.is_empty()
+        && db_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+#[allow(deprecated)] // `seed` is deprecated by OpenAI, but vLLM and agl's engine honour it.
+fn set_seed(req: &mut CreateChatCompletionRequest, seed: Option<i64>) {
+    req.seed = seed;
+}
+
+impl LlmSqlAgent {
+    /// An agent over the Spider databases under `db_root` (the `database/` directory holding
+    /// `<db_id>/<db_id>.sqlite`).
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when `max_turns` or `max_tokens` is 0 or the HTTP client cannot
+    /// be built.
+    pub fn new(db_root: PathBuf, config: SqlAgentConfig) -> Result<Self, TrainError> {
+        if config.max_turns == 0 {
+            return Err(TrainError::Config(
+                "sql agent: max_turns must be at least 1".into(),
+            ));
+        }
+        if config.max_tokens == 0 {
+            return Err(TrainError::Config(
+                "sql agent: max_tokens must be at least 1".into(),
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(config.request_timeout)
+            .build()
+            .map_err(|e| TrainError::Config(format!("sql agent: HTTP client: {e}")))?;
+        Ok(Self {
+            pool: Arc::new(ExecutorPool {
+                db_root: db_root.clone(),
+                config: config.executor,
+                idle: Mutex::new(Vec::new()),
+            }),
+            config,
+            db_root,
+            schemas: Mutex::new(HashMap::new()),
+            http,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SqlAgentConfig {
+        &self.config
+    }
+
+    /// The schema block of `db_id` for the prompts ([`prompts::render_schema`]), read once.
+    async fn schema(&self, db_id: &str) -> Result<Arc<str>, AgentError> {
+        if let Some(s) = self
+            .schemas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(db_id)
+        {
+            return Ok(s.clone());
+        }
+        if !is_plain_db_id(db_id) {
+            return Err(format!("database id {db_id:?} is not a plain name").into());
+        }
+        let path = self.db_root.join(db_id).join(format!("{db_id}.sqlite"));
+        let id = db_id.to_string();
+        let info = tokio::task::spawn_blocking(move || db_info(&id, &path)).await??;
+        let text: Arc<str> = prompts::render_schema(&info).into();
+        self.schemas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(db_id.to_string(), text.clone());
+        Ok(text)
+    }
+
+    fn llm(&self, endpoint: LlmEndpoint) -> Llm {
+        let p = &endpoint.sampling_parameters;
+        let num = |k: &str| p.get(k).and_then(Value::as_f64);
+        let sampling = Sampling {
+            model: endpoint.model,
+            temperature: num("temperature").map_or(self.config.temperature, |t| t as f32),
+            top_p: num("top_p").map(|t| t as f32),
+            max_tokens: p
+                .get("max_tokens")
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n > 0)
+                .unwrap_or(self.config.max_tokens),
+            seed: p.get("seed").and_then(Value::as_i64),
+        };
+        let config = OpenAIConfig::new()
+            .with_api_base(endpoint.base_url.trim_end_matches('/'))
+            .with_api_key(endpoint.api_key.unwrap_or_else(|| "EMPTY".into()));
+        Llm {
+            client: Client::build(self.http.clone(), config),
+            sampling,
+        }
+    }
+
+    /// One chat completion; the text of its first choice.
+    async fn chat(&self, llm: &Llm, messages: Vec<PromptMessage>) -> Result<String, String> {
+        let messages: Vec<ChatCompletionRequestMessage> = messages
+            .into_iter()
+            .map(|m| match m.role.as_str() {
+                "system" => ChatCompletionRequestSystemMessage::from(m.content.as_str()).into(),
+                _ => ChatCompletionRequestUserMessage::from(m.content).into(),
+            })
+            .collect();
+        let s = &llm.sampling;
+        let mut req = CreateChatCompletionRequest {
+            model: s.model.clone(),
+            messages,
+            temperature: Some(s.temperature),
+            top_p: s.top_p,
+            max_completion_tokens: Some(s.max_tokens),
+            ..CreateChatCompletionRequest::default()
+        };
+        set_seed(&mut req, s.seed);
+        match llm.client.chat().create(req).await {
+            Ok(resp) => resp
+                .choices
+                .into_iter()
+                .next()
+                .and_then(|c| c.message.content)
+                .ok_or_else(|| "the model returned no text".to_string()),
+            Err(OpenAIError::ApiError(e)) => {
+                Err(format!("HTTP {}: {}", e.status_code.as_u16(), e.api_error))
+            }
+            Err(OpenAIError::Reqwest(e)) if e.is_timeout() => Err(format!(
+                "no answer within {:.0} s: {e}",
+                self.config.request_timeout.as_secs_f64()
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Checks `sql` with the kernel and runs what it allows.
+    async fn run_sql(
+        &self,
+        ctx: &mut StepContext,
+        db_id: &str,
+        sql: &str,
+    ) -> Result<Ran, AgentError> {
+        let approved = match ctx.check(Action::sql(db_id, sql)) {
+            Ok(a) => a,
+            Err(TrainError::Blocked(b)) => {
+                let v = b.violation;
+                let feedback_text = format!(
+                    "Blocked by the governance policy `{}`: {}. The query was not executed; \
+                     write one read-only SELECT query instead.",
+                    v.policy_name, v.description
+                );
+                return Ok(Ran {
+                    result: SqlResult::Blocked {
+                        policy: v.policy_name,
+                        reason: v.description,
+                    },
+                    rows: None,
+                    feedback_text,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let to_run = match &approved.action.kind {
+            ActionKind::Sql { sql, .. } => sql.clone(),
+            _ => sql.to_string(),
+        };
+        Ok(match self.pool.execute(db_id, &to_run).await {
+            Ok(ex) => Ran {
+                feedback_text: prompts::render_result(&ex.result),
+                result: SqlResult::Executed {
+                    rows: ex.rows_returned,
+                    columns: ex.result.columns,
+                    rows_changed: ex.rows_changed,
+                    schema_changed: ex.schema_changed,
+                },
+                rows: Some(ex.result),
+            },
+            Err(error) => Ran {
+                feedback_text: format!("Error: {error}"),
+                result: SqlResult::Failed { error },
+                rows: None,
+            },
+        })
+    }
+
+    /// Whether `rows` match the gold query's result (`false` when the gold query fails).
+    async fn matches_gold(&self, q: &Question, rows: &ResultSet) -> bool {
+        match self.pool.execute(&q.db_id, &q.gold_sql).await {
+            Ok(gold) => execution_match(&gold.result, rows, gold_is_ordered(&q.gold_sql)),
+            Err(e) => {
+                tracing::warn!(db_id = %q.db_id, index = q.index, "the gold query failed: {e}");
+                false
+            }
+        }
+    }
+}
+
+fn operation_span(db_id: &str, turn: &SqlTurn) -> Attributes {
+    let mut a = Attributes::new();
+    a.insert(semconv::OPERATION_NAME.into(), "sql.query".into());
+    a.insert("agl.turn".into(), AttributeValue::Int(turn.turn as i64));
+    a.insert("agl.database".into(), db_id.into());
+    if let Some(sql) = &turn.sql {
+        a.insert("agl.sql".into(), sql.as_str().into());
+    }
+    let (status, executed, rows, changed, schema) = match &turn.result {
+        SqlResult::Executed {
+            rows,
+            rows_changed,
+            schema_changed,
+            ..
+        } => ("executed", true, *rows, *rows_changed, *schema_changed),
+        SqlResult::Failed { error } => {
+            a.insert("agl.error".into(), error.as_str().into());
+            ("failed", false, 0, 0, false)
+        }
+        SqlResult::Blocked { policy, .. } => {
+            a.insert("agl.policy".into(), policy.as_str().into());
+            ("blocked", false, 0, 0, false)
+        }
+        SqlResult::NoSql => ("no_sql", false, 0, 0, false),
+    };
+    a.insert("agl.status".into(), status.into());
+    a.insert("agl.executed".into(), executed.into());
+    a.insert("agl.rows_returned".into(), AttributeValue::Int(rows as i64));
+    a.insert(
+        "agl.rows_changed".into(),
+        AttributeValue::Int(i64::try_from(changed).unwrap_or(i64::MAX)),
+    );
+    a.insert("agl.schema_changed".into(), schema.into());
+    a.insert(
+        "agl.destructive".into(),
+        (executed && (changed > 0 || schema)).into(),
+    );
+    let check = match turn.verdict {
+        Some(CheckVerdict::Correct) => "correct",
+        Some(CheckVerdict::Incorrect) => "incorrect",
+        None => "none",
+    };
+    a.insert("agl.check".into(), check.into());
+    a
+}
+
+#[async_trait::async_trait]
+impl Agent for LlmSqlAgent {
+    type Input = Question;
+    type Output = SqlAgentOutput;
+
+    async fn run(&self, q: &Question, ctx: &mut StepContext) -> Result<SqlAgentOutput, AgentError> {
+        let endpoint = ctx
+            .llm_base_url(self.config.llm_resource.as_deref())
+            .ok_or_else(|| match &self.config.llm_resource {
+                Some(n) => format!("the rollout's resources have no LLM resource named `{n}`"),
+                None => "the rollout's resources have no `llm` or `proxy_llm` resource".into(),
+            })?;
+        let llm = self.llm(endpoint);
+        let schema = self.schema(&q.db_id).await?;
+        let mut out = SqlAgentOutput {
+            final_sql: None,
+            turns: 0,
+            correct: false,
+            verdicts: Vec::new(),
+            llm_calls: 0,
+            llm_errors: Vec::new(),
+            sql_violations: Vec::new(),
+            stop: StopReason::LlmError,
+            history: Vec::new(),
+        };
+        let mut last_rows: Option<ResultSet> = None;
+        let mut messages = prompts::write_messages(&schema, &q.question);
+        loop {
+            // write_query / rewrite_query
+            out.llm_calls += 1;
+            let reply = match self.chat(&llm, messages).await {
+                Ok(r) => r,
+                Err(e) => {
+                    out.llm_errors.push(e);
+                    out.stop = StopReason::LlmError;
+                    break;
+                }
+            };
+            out.turns += 1;
+            let sql = prompts::extract_sql(&reply);
+            // execute_query
+            let ran = match &sql {
+                Some(sql) => self.run_sql(ctx, &q.db_id, sql).await?,
+                None => Ran {
+                    result: SqlResult::NoSql,
+                    rows: None,
+                    feedback_text: "No query.".into(),
+                },
+            };
+            let mut turn = SqlTurn {
+                turn: out.turns,
+                sql: sql.clone(),
+                result: ran.result,
+                verdict: None,
+            };
+            out.final_sql.clone_from(&sql);
+            last_rows = ran.rows;
+            // check_query (nothing to check without SQL)
+            let feedback = match &sql {
+                Some(sql) => {
+                    out.llm_calls += 1;
+                    let check =
+                        prompts::check_messages(&schema, &q.question, sql, &ran.feedback_text);
+                    match self.chat(&llm, check).await {
+                        Ok(review) => {
+                            turn.verdict = prompts::parse_verdict(&review);
+                            out.verdicts.push(turn.verdict);
+                            Some(review)
+                        }
+                        Err(e) => {
+                            out.llm_errors.push(e);
+                            None
+                        }
+                    }
+                }
+                None => Some(NO_SQL_FEEDBACK.to_string()),
+            };
+            ctx.annotate(semconv::AGL_OPERATION, operation_span(&q.db_id, &turn));
+            let verdict = turn.verdict;
+            out.history.push(turn);
+            let Some(feedback) = feedback else {
+                out.stop = StopReason::LlmError;
+                break;
+            };
+            if verdict == Some(CheckVerdict::Correct) {
+                out.stop = StopReason::Correct;
+                break;
+            }
+            if out.turns >= self.config.max_turns {
+                out.stop = StopReason::MaxTurns;
+                break;
+            }
+            messages = prompts::rewrite_messages(
+                &schema,
+                &q.question,
+                sql.as_deref().unwrap_or(""),
+                &ran.feedback_text,
+                &feedback,
+            );
+        }
+        if let Some(rows) = &last_rows {
+            out.correct = self.matches_gold(q, rows).await;
+        }
+        out.sql_violations = ctx
+            .violations()
+            .iter()
+            .map(|v| v.policy_name.clone())
+            .collect();
+        Ok(out)
+    }
+}
+
+/// One evaluated question, read back from its rollout ([`sql_eval_row`]). JSON fields as
+/// named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SqlEvalRow {
+    /// The rollout.
+    pub rollout_id: String,
+    /// The question's position in its split file.
+    pub index: usize,
+    /// The database.
+    pub db_id: String,
+    /// The question.
+    pub question: String,
+    /// The final query (`None`: none written, or the agent failed).
+    pub final_sql: Option<String>,
+    /// Whether the final query ran and matched the gold result.
+    pub correct: bool,
+    /// Queries written.
+    pub turns: usize,
+    /// Model calls made.
+    pub llm_calls: usize,
+    /// Failed model calls.
+    pub llm_errors: usize,
+    /// The final (shaped) reward, if a reward span was stored.
+    pub reward: Option<f64>,
+    /// Policies that reported the agent's SQL, one entry per violation.
+    pub sql_violations: Vec<String>,
+    /// Policies that reported the model's output (the gateway's violation spans), one entry per
+    /// violation.
+    pub llm_violations: Vec<String>,
+    /// Prompt tokens of the rollout's model calls (`gen_ai.usage.prompt_tokens` of its
+    /// `openai.chat.completion` spans).
+    pub prompt_tokens: u64,
+    /// Completion tokens of those calls (`gen_ai.usage.completion_tokens`).
+    pub completion_tokens: u64,
+    /// Why the rollout has no agent output (agent error, attempt failed, unfinished).
+    pub error: Option<String>,
+}
+
+/// Reads one finished rollout of [`LlmSqlAgent`]: its input, its attempt's metadata (`output`
+/// = [`SqlAgentOutput`]) and the attempt's `spans` (model-call spans for tokens, the gateway's
+/// violation spans, the reward span). Never fails: what cannot be read is reported in
+/// [`SqlEvalRow::error`].
+pub fn sql_eval_row(rollout: &Rollout, attempt: Option<&Attempt>, spans: &[Span]) -> SqlEvalRow {
+    let q: Option<Question> = serde_json::from_value(rollout.input.clone()).ok();
+    let mut row = SqlEvalRow {
+        rollout_id: rollout.rollout_id.clone(),
+        index: q.as_ref().map_or(0, |q| q.index),
+        db_id: q.as_ref().map(|q| q.db_id.clone()).unwrap_or_default(),
+        question: q.as_ref().map(|q| q.question.clone()).unwrap_or_default(),
+        final_sql: None,
+        correct: false,
+        turns: 0,
+        llm_calls: 0,
+        llm_errors: 0,
+        reward: agl_core::find_final_reward(spans),
+        sql_violations: Vec::new(),
+        llm_violations: gateway_violations(spans)
+            .into_iter()
+            .map(|v| v.policy_name)
+            .collect(),
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        error: None,
+    };
+    if q.is_none() {
+        row.error = Some("the rollout's input is not a Spider question".into());
+    }
+    for s in spans
+        .iter()
+        .filter(|s| s.name == semconv::OPENAI_CHAT_COMPLETION)
+    {
+        let n = |k: &str| {
+            s.attributes
+                .get(k)
+                .and_then(AttributeValue::as_f64)
+                .map_or(0, |x| x.max(0.0) as u64)
+        };
+        row.prompt_tokens += n("gen_ai.usage.prompt_tokens");
+        row.completion_tokens += n("gen_ai.usage.completion_tokens");
+    }
+    let meta = attempt.and_then(|a| a.metadata.as_ref());
+    let output = meta
+        .and_then(|m| m.get("output"))
+        .filter(|o| !o.is_null())
+        .map(|o| serde_json::from_value::<SqlAgentOutput>(o.clone()));
+    match output {
+        Some(Ok(o)) => {
+            row.final_sql = o.final_sql;
+            row.correct = o.correct;
+            row.turns = o.turns;
+            row.llm_calls = o.llm_calls;
+            row.llm_errors = o.llm_errors.len();
+            row.sql_violations = o.sql_violations;
+        }
+        Some(Err(e)) => {
+            row.error
+                .get_or_insert(format!("the attempt's output is malformed: {e}"));
+        }
+        None => {
+            let why = meta
+                .and_then(|m| m.get("error"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| match attempt {
+                    Some(a) => format!("the agent returned no output (attempt {:?})", a.status),
+                    None => "the rollout has no attempt".into(),
+                });
+            row.error.get_or_insert(why);
+        }
+    }
+    row
+}
+
+/// Violations of one policy, by where they were found. JSON: `sql`, `llm_output`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyCounts {
+    /// In the agent's SQL (checked by the runner).
+    pub sql: usize,
+    /// In the model's output (checked by the gateway).
+    pub llm_output: usize,
+}
+
+/// Aggregate metrics of an evaluation of [`LlmSqlAgent`] ([`SqlEvalSummary::from_rows`]). JSON
+/// fields as named; rates are shares in `[0, 1]` of the questions, means are per question.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SqlEvalSummary {
+    /// Questions evaluated.
+    pub questions: usize,
+    /// Execution accuracy: share of questions whose final query ran and matched gold.
+    pub accuracy: f64,
+    /// Share of questions with at least one violation (SQL or model output).
+    pub violation_rate: f64,
+    /// Violations in the agent's SQL.
+    pub sql_violations: usize,
+    /// Violations in the model's output.
+    pub llm_output_violations: usize,
+    /// Violations per policy.
+    pub violations_by_policy: BTreeMap<String, PolicyCounts>,
+    /// Mean queries written.
+    pub mean_turns: f64,
+    /// Mean model calls.
+    pub mean_llm_calls: f64,
+    /// Failed model calls, in total.
+    pub llm_errors: usize,
+    /// Questions whose rollout has no agent output ([`SqlEvalRow::error`]).
+    pub failed: usize,
+    /// Mean final reward over the questions that have one.
+    pub mean_reward: f64,
+    /// Prompt tokens, in total.
+    pub prompt_tokens: u64,
+    /// Completion tokens, in total.
+    pub completion_tokens: u64,
+    /// Wall time of the evaluation, seconds (as given).
+    pub seconds: f64,
+    /// Completion tokens per wall-clock second.
+    pub completion_tokens_per_second: f64,
+    /// Prompt and completion tokens per wall-clock second.
+    pub tokens_per_second: f64,
+}
+
+impl SqlEvalSummary {
+    /// Aggregates `rows`, evaluated in `seconds` of wall time (for the token rates; 0 gives
+    /// rates of 0).
+    pub fn from_rows(rows: &[SqlEvalRow], seconds: f64) -> Self {
+        let n = rows.len().max(1) as f64;
+        let per_second = |x: u64| {
+            if seconds > 0.0 {
+                x as f64 / seconds
+            } else {
+                0.0
+            }
+        };
+        let mut by_policy: BTreeMap<String, PolicyCounts> = BTreeMap::new();
+        for r in rows {
+            for p in &r.sql_violations {
+                by_policy.entry(p.clone()).or_default().sql += 1;
+            }
+            for p in &r.llm_violations {
+                by_policy.entry(p.clone()).or_default().llm_output += 1;
+            }
+        }
+        let rewards: Vec<f64> = rows.iter().filter_map(|r| r.reward).collect();
+        let prompt_tokens = rows.iter().map(|r| r.prompt_tokens).sum();
+        let completion_tokens = rows.iter().map(|r| r.completion_tokens).sum();
+        SqlEvalSummary {
+            questions: rows.len(),
+            accuracy: rows.iter().filter(|r| r.correct).count() as f64 / n,
+            violation_rate: rows
+                .iter()
+                .filter(|r| !r.sql_violations.is_empty() || !r.llm_violations.is_empty())
+                .count() as f64
+                / n,
+            sql_violations: rows.iter().map(|r| r.sql_violations.len()).sum(),
+            llm_output_violations: rows.iter().map(|r| r.llm_violations.len()).sum(),
+            violations_by_policy: by_policy,
+            mean_turns: rows.iter().map(|r| r.turns).sum::<usize>() as f64 / n,
+            mean_llm_calls: rows.iter().map(|r| r.llm_calls).sum::<usize>() as f64 / n,
+            llm_errors: rows.iter().map(|r| r.llm_errors).sum(),
+            failed: rows.iter().filter(|r| r.error.is_some()).count(),
+            mean_reward: if rewards.is_empty() {
+                0.0
+            } else {
+                rewards.iter().sum::<f64>() / rewards.len() as f64
+            },
+            prompt_tokens,
+            completion_tokens,
+            seconds,
+            completion_tokens_per_second: per_second(completion_tokens),
+            tokens_per_second: per_second(prompt_tokens + completion_tokens),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::path::Path;
+
+    use agl_core::{AttemptStatus, EnqueueRolloutRequest, LlmResource, NamedResources, Resource};
+    use agl_gov::{BuildEnv, PolicyFile, SQL_POLICY_NAME};
+    use agl_spider::Split;
+    use agl_store::{InMemoryLightningStore, LightningStore};
+    use axum::Json;
+    use axum::extract::State;
+    use axum::http::{StatusCode, Uri};
+    use axum::response::{IntoResponse, Response};
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::runner::{GovernedRunner, SOURCE_ATTR, SOURCE_GATEWAY};
+
+    /// What the scripted model answers next.
+    enum Canned {
+        /// A chat completion with this text.
+        Text(&'static str),
+        /// The gateway's answer to a blocked output: 403 `policy_violation`; when the call came
+        /// through a per-attempt URL, the violation span the gateway writes, too.
+        Forbidden,
+        /// This text, after a delay.
+        Slow(Duration, &'static str),
+    }
+
+    /// A scripted OpenAI-compatible server: answers chat completions in order and records
+    /// every request (path, body).
+    struct Fake {
+        replies: Mutex<VecDeque<Canned>>,
+        requests: Mutex<Vec<(String, Value)>>,
+        store: Arc<dyn LightningStore>,
+    }
+
+    impl Fake {
+        fn requests(&self) -> Vec<(String, Value)> {
+            self.requests.lock().unwrap().clone()
+        }
+    }
+
+    fn completion(text: &str) -> Value {
+        json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "fake",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+        })
+    }
+
+    /// `(rollout, attempt)` of a `/rollout/{rid}/attempt/{aid}/v1/...` path.
+    fn attempt_of(path: &str) -> Option<(String, String)> {
+        let rest = path.strip_prefix("/rollout/")?;
+        let (rid, rest) = rest.split_once("/attempt/")?;
+        let (aid, _) = rest.split_once('/')?;
+        Some((rid.to_string(), aid.to_string()))
+    }
+
+    async fn add_span(
+        store: &Arc<dyn LightningStore>,
+        rid: &str,
+        aid: &str,
+        name: &str,
+        a: Attributes,
+    ) {
+        let seq = store.get_next_span_sequence_id(rid, aid).await.unwrap();
+        store
+            .add_span(Span::new(rid, aid, seq, name, a))
+            .await
+            .unwrap();
+    }
+
+    async fn handle(State(fake): State<Arc<Fake>>, uri: Uri, Json(body): Json<Value>) -> Response {
+        let path = uri.path().to_string();
+        fake.requests.lock().unwrap().push((path.clone(), body));
+        let next = fake.replies.lock().unwrap().pop_front();
+        let attempt = attempt_of(&path);
+        let text = match next {
+            Some(Canned::Text(t)) => t,
+            Some(Canned::Slow(d, t)) => {
+                tokio::time::sleep(d).await;
+                t
+            }
+            Some(Canned::Forbidden) => {
+                if let Some((rid, aid)) = &attempt {
+                    let mut a = Attributes::new();
+                    a.insert("agent_os.violation.policy".into(), "output_filter".into());
+                    a.insert("agent_os.violation.severity".into(), "high".into());
+                    a.insert("agent_os.violation.reason".into(), "forbidden words".into());
+                    a.insert("agent_os.violation.blocked".into(), true.into());
+                    a.insert(SOURCE_ATTR.into(), SOURCE_GATEWAY.into());
+                    add_span(&fake.store, rid, aid, semconv::AGL_ANNOTATION, a).await;
+                }
+                let body = json!({"error": {"message": "the model's output violates output_filter",
+                    "type": "policy_violation", "code": "output_filter"}});
+                return (StatusCode::FORBIDDEN, Json(body)).into_response();
+            }
+            None => {
+                let body = json!({"error": {"message": "no more scripted replies",
+                    "type": "invalid_request"}});
+                return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+            }
+        };
+        if let Some((rid, aid)) = &attempt {
+            // the gateway's call span, with usage
+            let mut a = Attributes::new();
+            a.insert(
+                "gen_ai.usage.prompt_tokens".into(),
+                AttributeValue::Int(100),
+            );
+            a.insert(
+                "gen_ai.usage.completion_tokens".into(),
+                AttributeValue::Int(10),
+            );
+            add_span(&fake.store, rid, aid, semconv::OPENAI_CHAT_COMPLETION, a).await;
+        }
+        Json(completion(text)).into_response()
+    }
+
+    /// Serves `replies` on 127.0.0.1; returns the server's state and URL.
+    async fn fake_llm(store: Arc<dyn LightningStore>, replies: Vec<Canned>) -> (Arc<Fake>, String) {
+        let fake = Arc::new(Fake {
+            replies: Mutex::new(replies.into()),
+            requests: Mutex::new(Vec::new()),
+            store,
+        });
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(fake.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (fake, format!("http://{addr}"))
+    }
+
+    fn db_root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider/database")
+    }
+
+    fn question() -> Question {
+        Question {
+            split: Split::Dev,
+            index: 7,
+            db_id: "concert_singer".into(),
+            question: "How many singers do we have?".into(),
+            gold_sql: "SELECT count(*) FROM singer".into(),
+        }
+    }
+
+    /// One finished rollout: its attempt's metadata, output, spans and reward.
+    struct Done {
+        rollout: Rollout,
+        attempt: Attempt,
+        spans: Vec<Span>,
+    }
+
+    impl Done {
+        fn meta(&self) -> Value {
+            Value::Object(self.attempt.metadata.clone().unwrap())
+        }
+        fn output(&self) -> SqlAgentOutput {
+            serde_json::from_value(self.meta()["output"].clone()).unwrap()
+        }
+        fn reward(&self) -> f64 {
+            agl_core::find_final_reward(&self.spans).unwrap()
+        }
+        fn operations(&self) -> Vec<&Span> {
+            self.spans
+                .iter()
+                .filter(|s| s.name == semconv::AGL_OPERATION)
+                .collect()
+        }
+    }
+
+    /// Runs the agent on one question against a scripted model (through a `proxy_llm`
+    /// resource when `proxied`), under the `standard` policy preset.
+    async fn run(replies: Vec<Canned>, proxied: bool, config: SqlAgentConfig) -> (Done, Arc<Fake>) {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let (fake, url) = fake_llm(store.clone(), replies).await;
+        let mut sampling = serde_json::Map::new();
+        sampling.insert("temperature".into(), json!(0.0));
+        let llm = LlmResource {
+            endpoint: format!("{url}/v1"),
+            model: "smol".into(),
+            api_key: None,
+            sampling_parameters: sampling,
+        };
+        let mut resources = NamedResources::new();
+        resources.insert(
+            "main_llm".into(),
+            if proxied {
+                Resource::ProxyLlm(llm)
+            } else {
+                Resource::Llm(llm)
+            },
+        );
+        let res = store.add_resources(resources).await.unwrap();
+        let mut req = EnqueueRolloutRequest::new(serde_json::to_value(question()).unwrap());
+        req.resources_id = Some(res.resources_id);
+        let ro = store.enqueue_rollout(req).await.unwrap();
+
+        let kernel = PolicyFile::resolve("standard")
+            .unwrap()
+            .build(&BuildEnv::default())
+            .unwrap();
+        let mut runner = GovernedRunner::new(Arc::new(kernel))
+            .log_violations(false)
+            .with_reward(Arc::new(sql_agent_reward(RewardConfig::default())));
+        runner.init(LlmSqlAgent::new(db_root(), config).unwrap());
+        runner.init_worker("w", store.clone());
+        let report = runner.iter(&CancellationToken::new()).await.unwrap();
+        assert_eq!(report.rollouts, 1);
+        let rollout = store
+            .get_rollout_by_id(&ro.rollout_id)
+            .await
+            .unwrap()
+            .unwrap();
+        let attempt = store
+            .get_latest_attempt(&ro.rollout_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(attempt.status, AttemptStatus::Succeeded);
+        let spans = store.list_spans(&ro.rollout_id, None).await.unwrap();
+        (
+            Done {
+                rollout,
+                attempt,
+                spans,
+            },
+            fake,
+        )
+    }
+
+    fn user_text(body: &Value) -> String {
+        body["messages"][1]["content"].as_str().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_correct_verdict_ends_the_loop_after_one_write_and_one_check() {
+        let (done, fake) = run(
+            vec![
+                Canned::Text("Here it is:\n```sql\nSELECT count(*) FROM singer\n```"),
+                Canned::Text("The query counts every singer.\nTHE QUERY IS CORRECT"),
+            ],
+            false,
+            SqlAgentConfig::default(),
+        )
+        .await;
+        let out = done.output();
+        assert_eq!(
+            out.final_sql.as_deref(),
+            Some("SELECT count(*) FROM singer")
+        );
+        assert!(out.correct);
+        assert_eq!((out.turns, out.llm_calls), (1, 2));
+        assert_eq!(out.verdicts, vec![Some(CheckVerdict::Correct)]);
+        assert_eq!(out.stop, StopReason::Correct);
+        assert!(out.sql_violations.is_empty());
+        // base 1 + clean bonus 5
+        assert_eq!(done.reward(), 6.0);
+
+        let reqs = fake.requests();
+        assert_eq!(reqs.len(), 2);
+        let (path, write) = &reqs[0];
+        assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(write["model"], json!("smol"));
+        assert_eq!(write["temperature"], json!(0.0));
+        assert_eq!(write["max_completion_tokens"], json!(512));
+        let system = write["messages"][0]["content"].as_str().unwrap();
+        assert!(
+            system.contains("Table singer: Singer_ID, Name,"),
+            "{system}"
+        );
+        assert!(user_text(write).starts_with("Question: How many singers do we have?\n"));
+        // the checker sees the query and its real result (6 singers)
+        let check = user_text(&reqs[1].1);
+        assert!(
+            check.contains("```sql\nSELECT count(*) FROM singer\n```"),
+            "{check}"
+        );
+        assert!(check.contains("1 row, 1 column\n(6)"), "{check}");
+
+        let ops = done.operations();
+        assert_eq!(ops.len(), 1);
+        assert_eq!(ops[0].attributes["agl.status"], "executed".into());
+        assert_eq!(ops[0].attributes["agl.check"], "correct".into());
+        assert_eq!(
+            ops[0].attributes["agl.rows_returned"],
+            AttributeValue::Int(1)
+        );
+    }
+
+    #[tokio::test]
+    async fn incorrect_verdicts_rewrite_until_max_turns_and_the_last_query_is_final() {
+        let (done, fake) = run(
+            vec![
+                Canned::Text("```sql\nSELECT name FROM singer\n```"),
+                Canned::Text("It lists names instead of counting. THE QUERY IS INCORRECT"),
+                Canned::Text("```sql\nSELECT count(*) FROM stadium\n```"),
+                Canned::Text("Wrong table.\nTHE QUERY IS INCORRECT"),
+                Canned::Text("```sql\nSELECT count(*) FROM singer\n```"),
+                // even INCORRECT ends the loop now: three queries were written
+                Canned::Text("THE QUERY IS INCORRECT"),
+                Canned::Text("never asked"),
+            ],
+            false,
+            SqlAgentConfig::default(),
+        )
+        .await;
+        let out = done.output();
+        assert_eq!((out.turns, out.llm_calls), (3, 6));
+        assert_eq!(out.stop, StopReason::MaxTurns);
+        assert_eq!(out.verdicts, vec![Some(CheckVerdict::Incorrect); 3]);
+        assert_eq!(
+            out.final_sql.as_deref(),
+            Some("SELECT count(*) FROM singer")
+        );
+        // the reward judges the final query, not the checker
+        assert!(out.correct);
+        assert_eq!(done.reward(), 6.0);
+        let reqs = fake.requests();
+        assert_eq!(reqs.len(), 6, "no call after the last check");
+        // the rewrite sees the previous query, its result and the feedback
+        let rewrite = user_text(&reqs[2].1);
+        assert!(
+            rewrite.contains("```sql\nSELECT name FROM singer\n```"),
+            "{rewrite}"
+        );
+        assert!(
+            rewrite.contains("6 rows, 1 column\n('Joe Sharp')"),
+            "{rewrite}"
+        );
+        assert!(
+            rewrite.contains("It lists names instead of counting."),
+            "{rewrite}"
+        );
+        let turns: Vec<AttributeValue> = done
+            .operations()
+            .iter()
+            .map(|s| s.attributes["agl.turn"].clone())
+            .collect();
+        assert_eq!(turns, [1, 2, 3].map(AttributeValue::Int));
+
+        // max_turns = 1: one write, one check, done
+        let (done, fake) = run(
+            vec![
+                Canned::Text("```sql\nSELECT name FROM singer\n```"),
+                Canned::Text("THE QUERY IS INCORRECT"),
+            ],
+            false,
+            SqlAgentConfig {
+                max_turns: 1,
+                ..SqlAgentConfig::default()
+            },
+        )
+        .await;
+        let out = done.output();
+        assert_eq!((out.turns, out.llm_calls, out.correct), (1, 2, false));
+        assert_eq!(fake.requests().len(), 2);
+        // base 0 (wrong answer) + clean bonus 5 (the step ran clean: PolicyReward's success)
+        assert_eq!(done.reward(), 5.0);
+    }
+
+    #[tokio::test]
+    async fn a_blocked_statement_never_runs_is_penalised_and_the_agent_can_recover() {
+        let (done, fake) = run(
+            vec![
+                Canned::Text("```sql\nDROP TABLE singer\n```"),
+                Canned::Text("THE QUERY IS INCORRECT"),
+                Canned::Text("```sql\nSELECT count(*) FROM singer\n```"),
+                Canned::Text("THE QUERY IS CORRECT"),
+            ],
+            false,
+            SqlAgentConfig::default(),
+        )
+        .await;
+        let out = done.output();
+        assert!(matches!(
+            &out.history[0].result,
+            SqlResult::Blocked { policy, .. } if policy == SQL_POLICY_NAME
+        ));
+        assert_eq!(
+            out.sql_violations.first().map(String::as_str),
+            Some(SQL_POLICY_NAME)
+        );
+        assert!(out.correct, "recovered on the rewrite");
+        let ops = done.operations();
+        assert_eq!(ops[0].attributes["agl.executed"], false.into());
+        assert_eq!(ops[0].attributes["agl.status"], "blocked".into());
+        assert_eq!(ops[1].attributes["agl.executed"], true.into());
+        assert!(
+            !done
+                .operations()
+                .iter()
+                .any(|s| s.attributes["agl.destructive"] == true.into())
+        );
+        // the checker and the rewrite are told why, not given rows
+        let reqs = fake.requests();
+        let check = user_text(&reqs[1].1);
+        assert!(
+            check.contains("Blocked by the governance policy `sql_safety`"),
+            "{check}"
+        );
+        // a blocked action makes the rollout unsuccessful and costs its penalty
+        let meta = done.meta();
+        assert_eq!(meta["success"], json!(false));
+        let penalty = meta["total_penalty"].as_f64().unwrap();
+        assert!(penalty >= 100.0, "critical: {penalty}");
+        assert_eq!(done.reward(), (1.0 - penalty).max(-100.0));
+    }
+
+    #[tokio::test]
+    async fn a_reply_without_sql_goes_straight_to_a_rewrite() {
+        let (done, fake) = run(
+            vec![
+                Canned::Text("I am not sure which table to use."),
+                Canned::Text("```sql\nSELECT count(*) FROM singer\n```"),
+                Canned::Text("THE QUERY IS CORRECT"),
+            ],
+            false,
+            SqlAgentConfig::default(),
+        )
+        .await;
+        let out = done.output();
+        assert_eq!((out.turns, out.llm_calls), (2, 3));
+        assert_eq!(out.history[0].result, SqlResult::NoSql);
+        assert_eq!(out.verdicts, vec![Some(CheckVerdict::Correct)]);
+        assert!(out.correct);
+        let rewrite = user_text(&fake.requests()[1].1);
+        assert!(rewrite.contains("no SQL query"), "{rewrite}");
+    }
+
+    #[tokio::test]
+    async fn a_403_from_the_gateway_ends_the_loop_and_its_violation_is_penalised() {
+        let (done, fake) = run(
+            vec![
+                Canned::Text("```sql\nSELECT name FROM singer\n```"),
+                Canned::Text("THE QUERY IS INCORRECT"),
+                Canned::Forbidden,
+                Canned::Text("never asked"),
+            ],
+            true,
+            SqlAgentConfig::default(),
+        )
+        .await;
+        let out = done.output();
+        assert_eq!(out.stop, StopReason::LlmError);
+        assert_eq!((out.turns, out.llm_calls), (1, 3));
+        assert_eq!(out.llm_errors.len(), 1);
+        assert!(out.llm_errors[0].contains("403"), "{:?}", out.llm_errors);
+        assert!(
+            out.llm_errors[0].contains("policy_violation"),
+            "{:?}",
+            out.llm_errors
+        );
+        // the query written before the refusal stands
+        assert_eq!(out.final_sql.as_deref(), Some("SELECT name FROM singer"));
+        assert!(!out.correct);
+        // calls went to the per-attempt URL
+        let reqs = fake.requests();
+        assert_eq!(reqs.len(), 3);
+        let rid = &done.rollout.rollout_id;
+        let aid = &done.attempt.attempt_id;
+        assert_eq!(
+            reqs[0].0,
+            format!("/rollout/{rid}/attempt/{aid}/v1/chat/completions")
+        );
+        // the gateway's violation (high, blocked) is the rollout's: −50, unsuccessful
+        let meta = done.meta();
+        assert_eq!(meta["violations"], json!(1));
+        assert_eq!(meta["total_penalty"], json!(50.0));
+        assert_eq!(meta["success"], json!(false));
+        assert_eq!(done.reward(), -50.0);
+
+        // and `agl eval` reads it back
+        let row = sql_eval_row(&done.rollout, Some(&done.attempt), &done.spans);
+        assert_eq!(row.index, 7);
+        assert_eq!(row.db_id, "concert_singer");
+        assert_eq!(row.llm_violations, ["output_filter"]);
+        assert!(row.sql_violations.is_empty());
+        assert_eq!((row.turns, row.llm_calls, row.llm_errors), (1, 3, 1));
+        assert_eq!((row.prompt_tokens, row.completion_tokens), (200, 20));
+        assert_eq!(row.reward, Some(-50.0));
+        assert_eq!(row.error, None);
+        let s = SqlEvalSummary::from_rows(std::slice::from_ref(&row), 2.0);
+        assert_eq!(s.questions, 1);
+        assert_eq!((s.accuracy, s.violation_rate), (0.0, 1.0));
+        assert_eq!(
+            s.violations_by_policy["output_filter"],
+            PolicyCounts {
+                sql: 0,
+                llm_output: 1
+            }
+        );
+        assert_eq!(s.completion_tokens_per_second, 10.0);
+        assert_eq!(s.tokens_per_second, 110.0);
+    }
+
+    #[tokio::test]
+    async fn a_403_on_the_first_call_leaves_no_query_and_only_the_penalty() {
+        let (done, _) = run(vec![Canned::Forbidden], true, SqlAgentConfig::default()).await;
+        let out = done.output();
+        assert_eq!((out.turns, out.llm_calls, out.final_sql), (0, 1, None));
+        assert!(out.history.is_empty());
+        assert!(done.operations().is_empty());
+        // task reward 0, the gateway's high violation −50
+        assert_eq!(done.reward(), -50.0);
+    }
+
+    #[tokio::test]
+    async fn a_model_that_does_not_answer_in_time_fails_the_call_not_the_rollout() {
+        let started = std::time::Instant::now();
+        let (done, _) = run(
+            vec![Canned::Slow(
+                Duration::from_secs(5),
+                "```sql\nSELECT 1\n```",
+            )],
+            false,
+            SqlAgentConfig {
+                request_timeout: Duration::from_millis(300),
+                ..SqlAgentConfig::default()
+            },
+        )
+        .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        let out = done.output();
+        assert_eq!(out.stop, StopReason::LlmError);
+        assert!(
+            out.llm_errors[0].contains("no answer within"),
+            "{:?}",
+            out.llm_errors
+        );
+    }
+
+    #[tokio::test]
+    async fn without_an_llm_resource_the_rollout_fails_with_a_reason() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let ro = store
+            .enqueue_rollout(EnqueueRolloutRequest::new(
+                serde_json::to_value(question()).unwrap(),
+            ))
+            .await
+            .unwrap();
+        let kernel = PolicyFile::resolve("standard")
+            .unwrap()
+            .build(&BuildEnv::default())
+            .unwrap();
+        let mut runner = GovernedRunner::new(Arc::new(kernel)).log_violations(false);
+        runner.init(LlmSqlAgent::new(db_root(), SqlAgentConfig::default()).unwrap());
+        runner.init_worker("w", store.clone());
+        let report = runner.iter(&CancellationToken::new()).await.unwrap();
+        assert_eq!(report.unsuccessful, 1);
+        let rollout = store
+            .get_rollout_by_id(&ro.rollout_id)
+            .await
+            .unwrap()
+            .unwrap();
+        let attempt = store
+            .get_latest_attempt(&ro.rollout_id)
+            .await
+            .unwrap()
+            .unwrap();
+        let row = sql_eval_row(&rollout, Some(&attempt), &[]);
+        assert!(row.error.is_some(), "{row:?}");
+        assert!(!row.correct);
+        assert!(
+            LlmSqlAgent::new(
+                db_root(),
+                SqlAgentConfig {
+                    max_turns: 0,
+                    ..SqlAgentConfig::default()
+                }
+            )
+            .is_err()
+        );
+    }
+}
