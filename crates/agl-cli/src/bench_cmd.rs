@@ -36,6 +36,9 @@ pub enum BenchCommand {
     /// 32 concurrent requests, time to first token, peak RSS; side by side with llama.cpp on
     /// the same GGUF when `--llama-cpp-python` is given (scripts/bench-llm.sh does that).
     Llm(crate::llm_bench::LlmBenchArgs),
+    /// LLM gateway overhead: p50/p99 of a model call through the governed gateway against the
+    /// same call to the engine's API directly, with 1 and 64 concurrent agents.
+    Gateway(crate::gateway_bench::GatewayBenchArgs),
 }
 
 /// Arguments of `agl bench governance`.
@@ -73,6 +76,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Store(args) => crate::store_bench::run(&args),
         BenchCommand::Server(args) => crate::server_bench::run(&args),
         BenchCommand::Llm(args) => crate::llm_bench::run(&args),
+        BenchCommand::Gateway(args) => crate::gateway_bench::run(&args),
     }
 }
 

@@ -5,6 +5,7 @@ mod audit_cmd;
 mod bench_cmd;
 mod eval_cmd;
 mod gateway_args;
+mod gateway_bench;
 mod llm_bench;
 mod llm_cmd;
 mod model_cmd;
@@ -125,7 +126,7 @@ fn main() -> ExitCode {
         Command::Llm { .. }
         | Command::Eval(_)
         | Command::Bench {
-            command: bench_cmd::BenchCommand::Llm(_),
+            command: bench_cmd::BenchCommand::Llm(_) | bench_cmd::BenchCommand::Gateway(_),
         } => true,
         Command::Store(args) => args.serves_llm(),
         _ => false,

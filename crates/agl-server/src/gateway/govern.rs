@@ -28,7 +28,8 @@ pub const HOLDBACK_BYTES: usize = 32;
 /// The combined outcome for one call.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// The strongest verdict (`block` > `modify` > `warn` > `allow`).
+    /// The strongest verdict (`block` > `modify` > `warn` > `allow`); `None` when nothing was
+    /// checked (no kernel, or a failed call).
     pub verdict: Option<Verdict>,
     /// Every violation with the type of the action it was found on.
     pub violations: Vec<(&'static str, Violation)>,
@@ -41,11 +42,6 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The verdict's name (`allow` when nothing was checked).
-    pub fn verdict_name(&self) -> String {
-        self.verdict.unwrap_or(Verdict::Allow).to_string()
-    }
-
     /// Whether the agent gets a rewritten answer.
     pub fn redacted(&self) -> bool {
         self.texts.iter().any(Option::is_some)

@@ -171,7 +171,7 @@ impl GatewayError {
             "upstream_error",
             "upstream_timeout",
             format!(
-                "the upstream {label} did not answer within {:.1} s (the gateway's request timeout)",
+                "the upstream {label} did not answer within {} s (the gateway's request timeout)",
                 after.as_secs_f64()
             ),
         )
@@ -529,7 +529,7 @@ impl Call {
             end: now_seconds(),
             status,
             error,
-            verdict: self.gw.kernel.as_ref().map(|_| outcome.verdict_name()),
+            verdict: outcome.verdict.map(|v| v.to_string()),
             redacted: outcome.redacted(),
         };
         let spans = record::spans(

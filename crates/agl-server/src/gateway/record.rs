@@ -28,7 +28,7 @@
 //! | `agl.adapter` | str | the model or LoRA adapter version that answered (`model` of the answer) |
 //! | `agl.upstream` | str | `engine` or the upstream's URL |
 //! | `agl.latency_s`, `agl.ttft_s` | float | seconds from the request to the end, and to the first streamed token |
-//! | `agl.gateway.verdict`, `agl.gateway.blocked` | str, bool | what governance decided for the agent |
+//! | `agl.gateway.verdict`, `agl.gateway.blocked` | str, bool | what governance decided for the agent (absent when nothing was checked: no kernel, or a failed call) |
 //! | `agl.gateway.redacted` | bool | the agent got a rewritten (redacted) answer |
 //! | `http.status_code` | int | the upstream's status; `agl.error` its error message |
 //!
