@@ -79,30 +79,7 @@ EXTRA=(${AGL_AGENT_STORE_ARGS:-})
 echo "+ $AGL store --llm $MODEL --port 0 ${EXTRA[*]+${EXTRA[*]}} &" >&2
 "$AGL" store --llm "$MODEL" --port 0 ${EXTRA[@]+"${EXTRA[@]}"} >"$WORK/server.out" 2>"$WORK/server.err" &
 SERVER_PID=$!
-URL=""
-LINE=""
-deadline=$((SECONDS + 180))
-while [ "$SECONDS" -lt "$deadline" ]; do
-    LINE="$(head -n 1 "$WORK/server.out" 2>/dev/null || true)"
-    case "$LINE" in
-        *"listening on http://"*)
-            URL="$(printf '%s\n' "$LINE" | sed -E 's/.*listening on (http:\/\/[^ ]+).*/\1/')"
-            break
-            ;;
-    esac
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        echo "agent.sh: the server exited before listening; its log:" >&2
-        tail -n 40 "$WORK/server.err" >&2
-        SERVER_PID=""
-        exit 1
-    fi
-    sleep 0.2
-done
-if [ -z "$URL" ]; then
-    echo "agent.sh: the server did not print its address within 180 s; its log:" >&2
-    tail -n 40 "$WORK/server.err" >&2
-    exit 1
-fi
+wait_for_listening 180
 echo "agent.sh: $LINE (ready after $((SECONDS - T_SERVER)) s)" >&2
 
 T_AGENT=$SECONDS

@@ -67,29 +67,7 @@ run "$AGL" model pull "$MODEL"
 echo "+ $AGL llm serve --model $MODEL --port 0 &" >&2
 "$AGL" llm serve --model "$MODEL" --port 0 >"$WORK/server.out" 2>"$WORK/server.err" &
 SERVER_PID=$!
-URL=""
-deadline=$((SECONDS + 180))
-while [ "$SECONDS" -lt "$deadline" ]; do
-    line="$(head -n 1 "$WORK/server.out" 2>/dev/null || true)"
-    case "$line" in
-        *"listening on http://"*)
-            URL="$(printf '%s\n' "$line" | sed -E 's/.*listening on (http:\/\/[^ ]+).*/\1/')"
-            break
-            ;;
-    esac
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        echo "llm.sh: the server exited before listening; its log:" >&2
-        tail -n 40 "$WORK/server.err" >&2
-        SERVER_PID=""
-        exit 1
-    fi
-    sleep 0.2
-done
-if [ -z "$URL" ]; then
-    echo "llm.sh: the server did not print its address within 180 s; its log:" >&2
-    tail -n 40 "$WORK/server.err" >&2
-    exit 1
-fi
+wait_for_listening 180
 echo "llm.sh: server at $URL" >&2
 
 status=0

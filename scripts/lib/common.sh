@@ -1,4 +1,4 @@
-# Shared by scripts/interop.sh and scripts/llm.sh (sourced, not run): command echo, a server
+# Shared by scripts/interop.sh, scripts/llm.sh and scripts/agent.sh (sourced, not run): command echo, a server
 # process stopped on exit, and a cached virtual environment keyed by its pinned requirements.
 #
 # The sourcing script sets SCRIPT (its name for messages) before sourcing, and SERVER_PID when it
@@ -62,4 +62,33 @@ print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$reqs")"
     run "$venv/bin/python" -m pip install --quiet -r "$reqs"
     run "$venv/bin/python" -m pip check
     printf '%s\n' "$want" >"$marker"
+}
+
+# wait_for_listening TIMEOUT_S
+# Waits until the server (SERVER_PID, stdout in $WORK/server.out, stderr in $WORK/server.err)
+# prints its first line with `listening on http://…`; sets URL and LINE. Exits 1 with the
+# server's log when it dies first or stays silent for TIMEOUT_S seconds.
+wait_for_listening() {
+    local deadline=$((SECONDS + $1))
+    URL=""
+    LINE=""
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        LINE="$(head -n 1 "$WORK/server.out" 2>/dev/null || true)"
+        case "$LINE" in
+            *"listening on http://"*)
+                URL="$(printf '%s\n' "$LINE" | sed -E 's/.*listening on (http:\/\/[^ ]+).*/\1/')"
+                return 0
+                ;;
+        esac
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            echo "$SCRIPT: the server exited before listening; its log:" >&2
+            tail -n 40 "$WORK/server.err" >&2
+            SERVER_PID=""
+            exit 1
+        fi
+        sleep 0.2
+    done
+    echo "$SCRIPT: the server did not print its address within $1 s; its log:" >&2
+    tail -n 40 "$WORK/server.err" >&2
+    exit 1
 }

@@ -390,74 +390,35 @@ fn table_stats(dataset: &SpiderDataset, questions: &[Question]) -> anyhow::Resul
     Ok(stats)
 }
 
-/// The API name of `--model SPEC`: the name, or a file's stem / a directory's name.
-fn served_name(spec: &str) -> String {
-    let path = Path::new(spec);
-    if path.exists() {
-        let stem = if path.is_dir() {
-            path.file_name()
-        } else {
-            path.file_stem()
-        };
-        if let Some(s) = stem.and_then(|s| s.to_str()).filter(|s| !s.is_empty()) {
-            return s.to_string();
-        }
-    }
-    spec.to_string()
-}
-
-/// The built-in engine with `--model` (and `--adapter`), as an in-process upstream; returns
-/// the engine, the upstream and the model name the agent must send.
+/// The built-in engine with `--model` (and `--adapter`, served under its directory's name), as
+/// an in-process upstream; returns the engine, the upstream and the model name the agent must
+/// send.
 fn start_engine(
     args: &EvalArgs,
 ) -> anyhow::Result<(agl_llm::Engine, agl_server::Upstream, String)> {
-    let files = agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
-        .with_context(|| format!("--model {}", args.model))?;
-    let t0 = Instant::now();
-    let device = agl_llm::loader::device(&args.device).context("--device")?;
-    let loaded = agl_llm::load(&files, &device, args.weights.format())
-        .with_context(|| format!("loading --model {}", args.model))?;
-    let source = loaded.source.display().to_string();
-    let name = served_name(&args.model);
-    let engine = agl_llm::Engine::start(
-        loaded,
-        agl_llm::EngineConfig {
-            model_name: name.clone(),
-            max_batch_rows: args.workers.clamp(1, 64),
-        },
-    )
-    .context("starting the engine")?;
-    eprintln!(
-        "agl eval: loaded {source} as `{name}` in {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
-    let mut adapter_roots = std::collections::HashMap::new();
-    let model = match &args.adapter {
-        Some(dir) => {
-            let adapter = dir
-                .file_name()
-                .and_then(|s| s.to_str())
-                .filter(|s| !s.is_empty() && *s != name)
-                .unwrap_or("adapter")
-                .to_string();
-            engine
-                .load_adapter(&adapter, dir)
-                .with_context(|| format!("--adapter {}", dir.display()))?;
-            adapter_roots.insert(adapter.clone(), dir.display().to_string());
-            eprintln!("agl eval: adapter `{adapter}` from {}", dir.display());
-            adapter
-        }
-        None => name,
+    let adapter = args.adapter.as_ref().map(|dir| {
+        let name = dir
+            .file_name()
+            .and_then(|s| s.to_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or("adapter");
+        (format!("{name}-adapter"), dir.display().to_string())
+    });
+    let engine_args = crate::llm_cmd::EngineArgs {
+        model: args.model.clone(),
+        weights: args.weights,
+        device: args.device.clone(),
+        adapters: adapter
+            .iter()
+            .map(|(name, dir)| format!("{name}={dir}"))
+            .collect(),
+        served_model_name: None,
+        max_batch_rows: args.workers.clamp(1, 64),
     };
-    let router = agl_llm::api::router(
-        engine.clone(),
-        agl_llm::api::ApiOptions {
-            model_root: Some(source),
-            adapter_roots,
-            ..agl_llm::api::ApiOptions::default()
-        },
-    );
-    Ok((engine, agl_server::Upstream::InProcess(router), model))
+    let started = crate::llm_cmd::start_engine(&engine_args, "agl eval")?;
+    let model = adapter.map_or_else(|| started.name.clone(), |(name, _)| name);
+    let upstream = agl_server::Upstream::InProcess(started.router());
+    Ok((started.engine, upstream, model))
 }
 
 fn progress_bar(total: u64) -> ProgressBar {
