@@ -47,18 +47,7 @@ PY="$VENV/bin/python"
 # ---------------------------------------------------------------------------------------------
 # 2. The agl binary and the model.
 # ---------------------------------------------------------------------------------------------
-if [ -n "${AGL_BIN:-}" ]; then
-    AGL="$AGL_BIN"
-else
-    (cd "$ROOT" && run cargo build --locked -p agl-cli)
-    TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
-    case "$TARGET_DIR" in
-        /*) ;;
-        *) TARGET_DIR="$ROOT/$TARGET_DIR" ;;
-    esac
-    AGL="$TARGET_DIR/debug/agl"
-fi
-[ -x "$AGL" ] || { echo "llm.sh: no agl binary at $AGL" >&2; exit 1; }
+find_agl
 run "$AGL" model pull "$MODEL"
 
 # ---------------------------------------------------------------------------------------------

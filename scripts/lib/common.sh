@@ -92,3 +92,21 @@ wait_for_listening() {
     tail -n 40 "$WORK/server.err" >&2
     exit 1
 }
+
+# find_agl
+# Sets AGL: $AGL_BIN when given, else the debug `agl` built now with `cargo build -p agl-cli`
+# (in $CARGO_TARGET_DIR, default $ROOT/target). Exits 1 when there is no such binary.
+find_agl() {
+    if [ -n "${AGL_BIN:-}" ]; then
+        AGL="$AGL_BIN"
+    else
+        (cd "$ROOT" && run cargo build --locked -p agl-cli)
+        local target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
+        case "$target_dir" in
+            /*) ;;
+            *) target_dir="$ROOT/$target_dir" ;;
+        esac
+        AGL="$target_dir/debug/agl"
+    fi
+    [ -x "$AGL" ] || { echo "$SCRIPT: no agl binary at $AGL" >&2; exit 1; }
+}

@@ -115,18 +115,8 @@ pub struct EvalArgs {
     /// candidate sets.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Use this OpenAI-compatible server (its API root, e.g. http://host:8000/v1) instead of the
-    /// built-in engine; the gateway still records and governs every call.
-    #[arg(long, value_name = "URL")]
-    llm_upstream: Option<String>,
-    /// API key of --llm-upstream.
-    #[arg(
-        long,
-        env = "AGL_LLM_UPSTREAM_KEY",
-        hide_env_values = true,
-        value_name = "KEY"
-    )]
-    llm_api_key: Option<String>,
+    #[command(flatten)]
+    upstream: crate::gateway_args::UpstreamArgs,
     /// Where the built-in engine runs: cpu, cuda, cuda:N (a build with `--features cuda`), or
     /// auto.
     #[arg(long, default_value = "auto")]
@@ -298,7 +288,10 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         args.request_timeout.is_finite() && args.request_timeout > 0.0,
         "--request-timeout must be a positive number of seconds"
     );
-    if args.agent == AgentKind::Llm && args.adapter.is_some() && args.llm_upstream.is_some() {
+    if args.agent == AgentKind::Llm
+        && args.adapter.is_some()
+        && args.upstream.llm_upstream.is_some()
+    {
         bail!("--adapter loads into the built-in engine; with --llm-upstream, serve it there");
     }
     if let Some(dir) = &args.adapter
@@ -309,7 +302,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
-    if args.agent == AgentKind::Llm && args.llm_upstream.is_none() {
+    if args.agent == AgentKind::Llm && args.upstream.llm_upstream.is_none() {
         // Fail before loading any data when the model is missing.
         agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
             .with_context(|| format!("--model {}", args.model))?;
@@ -347,7 +340,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
                 agent: args.agent.name(),
                 model: (args.agent == AgentKind::Llm).then_some(args.model.as_str()),
                 adapter: args.adapter.as_ref().map(|p| p.display().to_string()),
-                llm_upstream: args.llm_upstream.as_deref(),
+                llm_upstream: args.upstream.llm_upstream.as_deref(),
                 split,
                 limit: args.limit,
                 offset: args.offset,
@@ -448,21 +441,15 @@ fn run_llm(
             .build(&env)
             .with_context(|| format!("--policy {}", args.policy))?,
     );
-    let (engine, upstream, model) = match &args.llm_upstream {
-        Some(url) => (
-            None,
-            agl_server::Upstream::Http {
-                base_url: url.clone(),
-                api_key: args.llm_api_key.clone(),
-            },
-            args.model.clone(),
-        ),
+    let (engine, upstream, model) = match args.upstream.http() {
+        Some(upstream) => (None, upstream, args.model.clone()),
         None => {
             let (engine, upstream, model) = start_engine(args)?;
             (Some(engine), upstream, model)
         }
     };
     let upstream_label = args
+        .upstream
         .llm_upstream
         .clone()
         .unwrap_or_else(|| "built-in engine".to_string());

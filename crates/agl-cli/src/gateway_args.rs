@@ -15,6 +15,35 @@ use agl_server::{GatewayConfig, Upstream};
 use anyhow::Context;
 use clap::Args;
 
+/// An OpenAI-compatible server to put behind the gateway instead of the built-in engine
+/// (`agl store --llm-upstream`, `agl eval --llm-upstream`).
+#[derive(Debug, Clone, Args)]
+pub struct UpstreamArgs {
+    /// Use this OpenAI-compatible server (vLLM, llama.cpp's server, Ollama, `agl llm serve`;
+    /// its API root, e.g. http://127.0.0.1:8000/v1) instead of the built-in engine; the gateway
+    /// still records and governs every call.
+    #[arg(long, value_name = "URL")]
+    pub llm_upstream: Option<String>,
+    /// API key of the --llm-upstream server.
+    #[arg(
+        long,
+        env = "AGL_LLM_UPSTREAM_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub llm_upstream_key: Option<String>,
+}
+
+impl UpstreamArgs {
+    /// The HTTP upstream, when `--llm-upstream` is given.
+    pub fn http(&self) -> Option<Upstream> {
+        self.llm_upstream.as_ref().map(|url| Upstream::Http {
+            base_url: url.clone(),
+            api_key: self.llm_upstream_key.clone(),
+        })
+    }
+}
+
 /// How the gateway governs and records model calls.
 #[derive(Debug, Clone, Args)]
 pub struct GatewayArgs {

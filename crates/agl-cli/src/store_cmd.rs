@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use agl_server::Upstream;
 
-use crate::gateway_args::GatewayArgs;
+use crate::gateway_args::{GatewayArgs, UpstreamArgs};
 use crate::llm_cmd::{EngineArgs, start_engine};
 
 /// `agl store [OPTIONS]` serves; `agl store inspect PATH` inspects.
@@ -90,18 +90,8 @@ pub struct ServeArgs {
     /// `/rollout/{rid}/attempt/{aid}/v1/chat/completions` and every call is a span.
     #[arg(long, value_name = "NAME|PATH", conflicts_with = "llm_upstream")]
     llm: Option<String>,
-    /// Serve the gateway in front of this OpenAI-compatible server instead (vLLM, llama.cpp's
-    /// server, Ollama, `agl llm serve`), e.g. http://127.0.0.1:8000/v1.
-    #[arg(long, value_name = "URL")]
-    llm_upstream: Option<String>,
-    /// API key of the --llm-upstream server.
-    #[arg(
-        long,
-        env = "AGL_LLM_UPSTREAM_KEY",
-        hide_env_values = true,
-        value_name = "KEY"
-    )]
-    llm_upstream_key: Option<String>,
+    #[command(flatten)]
+    upstream: UpstreamArgs,
     /// --llm weights: dense (f32, what training recomputes) or q8 (serving only).
     #[arg(long, value_enum, default_value = "dense")]
     llm_weights: crate::llm_cmd::Weights,
@@ -175,7 +165,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         max_wait_seconds: args.max_wait,
     };
     config.validate()?;
-    let (gateway, llm_note) = match (&args.llm, &args.llm_upstream) {
+    let (gateway, llm_note) = match (&args.llm, args.upstream.http()) {
         (Some(model), _) => {
             let engine_args = EngineArgs {
                 model: model.clone(),
@@ -194,11 +184,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let config = args.gateway.config(Upstream::InProcess(started.router()))?;
             (Some(config), note)
         }
-        (None, Some(url)) => {
-            let upstream = Upstream::Http {
-                base_url: url.clone(),
-                api_key: args.llm_upstream_key.clone(),
-            };
+        (None, Some(upstream)) => {
+            let url = args.upstream.llm_upstream.as_deref().unwrap_or_default();
             let note = format!("; LLM gateway: upstream {url}, {}", args.gateway.describe());
             (Some(args.gateway.config(upstream)?), note)
         }
