@@ -69,6 +69,11 @@ pub const EXCEPTION_MESSAGE: &str = "exception.message";
 pub const EXCEPTION_ESCAPED: &str = "exception.escaped";
 /// Attribute (OTel): exception stack trace.
 pub const EXCEPTION_STACKTRACE: &str = "exception.stacktrace";
+/// Attribute (agl): who wrote a span; `"gateway"` ([`SOURCE_GATEWAY`]) for the LLM gateway's
+/// call and violation spans, which runners read back to count the model's violations.
+pub const SOURCE_ATTR: &str = "agl.source";
+/// The [`SOURCE_ATTR`] value of the LLM gateway's spans.
+pub const SOURCE_GATEWAY: &str = "gateway";
 /// Legacy AgentOps reward payload keys (`{"type": "reward", "value": v}`), in lookup order.
 pub const AGENTOPS_REWARD_KEYS: [&str; 2] = ["agentops.task.output", "agentops.entity.output"];
 /// Legacy v0.2 reward attribute on an annotation span.

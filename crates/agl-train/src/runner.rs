@@ -109,11 +109,7 @@ pub type ViolationCallback = Arc<dyn Fn(&PolicyViolation) + Send + Sync>;
 /// The key under which a runner publishes its counters in its worker's `heartbeat_stats`.
 pub const HEARTBEAT_KEY: &str = "agl.governance";
 
-/// Span attribute naming who wrote a span (`"gateway"` for the LLM gateway's spans).
-pub const SOURCE_ATTR: &str = "agl.source";
-
-/// The [`SOURCE_ATTR`] value of the LLM gateway's spans.
-pub const SOURCE_GATEWAY: &str = "gateway";
+pub use agl_core::semconv::{SOURCE_ATTR, SOURCE_GATEWAY};
 
 /// An OpenAI-compatible endpoint an agent should call, from an `llm` or `proxy_llm` resource
 /// ([`StepContext::llm_base_url`]).

@@ -71,10 +71,7 @@ impl Endpoint {
 /// Span name of legacy completions calls.
 pub const OPENAI_COMPLETION: &str = "openai.completion";
 
-/// Span attribute marking spans the gateway wrote (`agl.source = "gateway"`).
-pub const SOURCE_ATTR: &str = "agl.source";
-/// Value of [`SOURCE_ATTR`].
-pub const SOURCE_GATEWAY: &str = "gateway";
+pub use agl_core::semconv::{SOURCE_ATTR, SOURCE_GATEWAY};
 
 /// One tool call of a choice.
 #[derive(Debug, Clone, Default, PartialEq)]
