@@ -272,6 +272,62 @@ impl LoraAdapter {
         ))
     }
 
+    /// A deep copy whose factors own their storage: what a trainer hands the engine after an
+    /// update, so the optimizer's in-place writes to the next version never reach the adapter
+    /// being served.
+    pub fn snapshot(&self) -> Result<Self> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for slots in &self.layers {
+            let mut copied: [Option<LoraPair>; 7] = Default::default();
+            for (i, p) in slots.iter().enumerate() {
+                if let Some(p) = p {
+                    copied[i] = Some(LoraPair {
+                        a: p.a.copy()?,
+                        b: p.b.copy()?,
+                    });
+                }
+            }
+            layers.push(copied);
+        }
+        Ok(Self {
+            config: self.config.clone(),
+            scale: self.scale,
+            layers,
+        })
+    }
+
+    /// This adapter with every factor turned into a variable (copied), and the variables in
+    /// [`LoraAdapter::new_trainable`]'s order (per layer, per target: `A`, then `B`): how a
+    /// trainer resumes from a saved adapter.
+    pub fn into_trainable(self) -> Result<(Self, Vec<Var>)> {
+        let mut vars = Vec::new();
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for slots in self.layers {
+            let mut out: [Option<LoraPair>; 7] = Default::default();
+            for t in Target::ALL {
+                if let Some(p) = &slots[t.slot()] {
+                    let a = Var::from_tensor(&p.a.copy()?)?;
+                    let b = Var::from_tensor(&p.b.copy()?)?;
+                    out[t.slot()] = Some(LoraPair {
+                        a: a.as_tensor().clone(),
+                        b: b.as_tensor().clone(),
+                    });
+                    vars.push(a);
+                    vars.push(b);
+                }
+            }
+            layers.push(out);
+        }
+        Ok((
+            Self {
+                config: self.config,
+                scale: self.scale,
+                layers,
+            },
+            vars,
+        ))
+    }
+
     /// Builds an adapter from explicit factors (for tests and tools); every pair must have the
     /// shapes [`Target::dims`] gives.
     pub fn from_pairs(

@@ -555,6 +555,40 @@ impl LlamaModel {
         Ok(logp.gather(&next, 2)?.reshape((b, t - 1))?)
     }
 
+    /// Teacher-forced log-probabilities of the tokens from position `from` on: `tokens:
+    /// [batch, seq]`, `1 <= from < seq` → `[batch, seq - from]`, entry `j` being `log
+    /// p(tokens[from + j] | tokens[..from + j])` (temperature 1, as the sampler reports). The
+    /// LM head and the softmax run only on those positions, so a long prompt before a short
+    /// response costs the transformer but not the `[.., vocab]` logits: what training on
+    /// responses needs. Equal to `token_logprobs(tokens)[.., from - 1..]`. Differentiable.
+    pub fn token_logprobs_from(
+        &self,
+        tokens: &Tensor,
+        from: usize,
+        adapter: Option<&LoraAdapter>,
+    ) -> Result<Tensor> {
+        let (b, t) = tokens.dims2()?;
+        if from == 0 || from >= t {
+            return Err(LlmError::invalid(
+                "from",
+                format!("must be in 1..{t} (the sequence has {t} tokens), got {from}"),
+            ));
+        }
+        let n = t - from;
+        let hidden = self.forward_hidden(tokens, 0, None, adapter, Ops::Differentiable)?;
+        let hidden = hidden
+            .reshape((b, t, self.cfg.hidden_size))?
+            .narrow(1, from - 1, n)?
+            .reshape((b * n, self.cfg.hidden_size))?;
+        let logits = self
+            .lm_head
+            .forward(&hidden, None)?
+            .reshape((b, n, self.cfg.vocab_size))?;
+        let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let next = tokens.narrow(1, from, n)?.unsqueeze(2)?.contiguous()?;
+        Ok(logp.gather(&next, 2)?.reshape((b, n))?)
+    }
+
     /// Prefills `tokens` (one prompt) into the empty single-row `cache` and returns the
     /// logits of the last position, `[vocab]`.
     pub fn prefill(

@@ -18,6 +18,9 @@ pub enum TrainError {
     /// A tensor operation of the policy model failed.
     #[error("policy model: {0}")]
     Model(#[from] candle_core::Error),
+    /// The LLM engine or model failed (a forward pass, an adapter file).
+    #[error(transparent)]
+    Llm(#[from] agl_llm::LlmError),
     /// A configuration value is out of range; the message names the field.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -50,6 +53,15 @@ pub enum TrainError {
         path: std::path::PathBuf,
         /// The underlying error.
         source: std::io::Error,
+    },
+    /// A scorer checkpoint could not be written or read, or does not fit this build's scorer
+    /// (see `checkpoint`); names the directory or file and what is wrong.
+    #[error("{path}: {message}")]
+    Checkpoint {
+        /// The checkpoint directory or the file in it.
+        path: std::path::PathBuf,
+        /// What was wrong, naming the field or tensor.
+        message: String,
     },
     /// A span→triplet adapter pattern (`llm_call_match`, `agent_match`, or the CLI flag named)
     /// is not a valid regular expression.

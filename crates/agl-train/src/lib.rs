@@ -27,13 +27,17 @@
 //! enqueues rollouts; runner workers dequeue them, ask the governance kernel, execute what is
 //! allowed in a rolled-back sandbox, shape the reward with [`PolicyReward`], and report spans;
 //! the trainer reads the spans back as triplets and updates the policy with [`Grpo`].
+//! [`train_with`] saves the scorer's parameters as it goes and resumes from a saved step
+//! ([`checkpoint`]: `model.safetensors` + `config.json` per checkpoint directory).
 
 pub mod adapter;
+pub mod checkpoint;
 pub mod emitter;
 pub mod environment;
 pub mod error;
 pub mod features;
 pub mod grpo;
+pub mod llm_grpo;
 pub mod model;
 pub mod reward;
 pub mod runner;
@@ -46,6 +50,7 @@ pub mod trainer;
 pub mod violation;
 
 pub use adapter::{RolloutResult, rollout_result, to_triplet};
+pub use checkpoint::{Checkpoint, CheckpointConfig, CheckpointPlan, ModelSpec, TrainingState};
 pub use emitter::{
     EmitterConfig, EmitterStats, FlightRecorderEmitter, LightningSpan, ViolationSummary,
     create_emitter,
@@ -56,8 +61,11 @@ pub use environment::{
     TaskRewardFn, ViolationRecord, create_governed_env,
 };
 pub use error::TrainError;
-pub use features::{FEATURE_DIM, SparseFeatures, featurize};
+pub use features::{FEATURE_DIM, FEATURES_VERSION, SparseFeatures, featurize};
 pub use grpo::{Grpo, GrpoConfig, StepStats, group_advantages};
+pub use llm_grpo::{
+    LlmGrpo, LlmGrpoConfig, LlmStepStats, TokenSample, assign_advantages, samples_from_triplets,
+};
 pub use model::{FeatureBatch, PolicyModel, Scorer};
 pub use reward::{
     BaseRewardFn, CompositeReward, PolicyReward, RewardBreakdown, RewardComponent, RewardConfig,
@@ -83,8 +91,8 @@ pub use tracer_adapter::{
     TripletReport,
 };
 pub use trainer::{
-    CurvePoint, EvalStats, Progress, RUN_SPEC_KEY, RunReport, RunSpec, Session, TrainConfig,
-    TrainStats, build_kernel, initial_policy, train,
+    CurvePoint, EvalStats, Progress, RUN_SPEC_KEY, RunOptions, RunReport, RunSpec, Session,
+    TrainConfig, TrainStats, build_kernel, initial_policy, train, train_with,
 };
 pub use violation::{
     GovernedRollout, Penalized, PolicyViolation, PolicyViolationError, PolicyViolationType,

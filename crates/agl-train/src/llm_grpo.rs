@@ -1,0 +1,746 @@
+//! GRPO for token sequences: the update that trains an LLM's LoRA adapter from triplets.
+//!
+//! # Samples from triplets
+//! [`samples_from_triplets`] turns one rollout's triplets (from [`crate::TracerTraceToTriplet`],
+//! in call order, with prompt and response token ids and the sampler's log-probabilities) into
+//! [`TokenSample`]s, as Agent Lightning's trajectory builder does for multi-turn agents:
+//! consecutive calls are merged into one sample when the next prompt starts with the previous
+//! prompt and response tokens; the tokens in between (tool results, new user turns) are context
+//! with loss mask 0. Otherwise each call is its own sample. A sample's reward is the reward the
+//! adapter matched to its last call (an intermediate reward span attached to that call), else
+//! the rollout's final reward.
+//!
+//! # Advantages
+//! [`assign_advantages`]: group-relative, as DeepSeekMath's GRPO (Shao et al. 2024,
+//! arXiv:2402.03300, §4.1): a group is every rollout of one task in one step; `A = (r − mean) /
+//! (std + 1e-6)` with the mean and (population) standard deviation of the group's rollout
+//! rewards, zero when they are all equal.
+//!
+//! # The loss
+//! [`LlmGrpo::step`]: the token-level clipped surrogate with DAPO's decoupled clip range (Yu et
+//! al. 2025, arXiv:2503.14476: ε_low 0.2, ε_high 0.28), plus β times the k3 estimator of the KL
+//! to the base model (`exp(ref − new) − (ref − new) − 1`, per token; the reference forward is
+//! skipped when β = 0, DAPO's and TRL's default), averaged over every loss token of the batch
+//! (DAPO's token-mean: long responses weigh by their length). Samples with advantage 0 carry
+//! no policy gradient and are skipped (DAPO's dynamic-sampling filter), which also saves their
+//! forward and backward. Gradients are accumulated over micro-batches of at most
+//! [`LlmGrpoConfig::micro_batch`] sequences (memory stays bounded), clipped to a global L2 norm
+//! and applied with AdamW (candle-nn's). Only the LoRA factors are variables; the base weights
+//! are plain tensors and stay frozen.
+//!
+//! Log-probabilities are at temperature 1 on both sides: the old ones are what the engine
+//! reported for the sampled tokens (`agl.response.logprobs`, the raw model distribution even
+//! when sampling used another temperature), the new ones what the same model definition
+//! recomputes, so the ratio of the first inner step is 1 up to the kernels' rounding (tested).
+//!
+//! Responsible for samples, advantages and one update; not for sampling, running agents or the
+//! loop (see `agl train --agent llm`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agl_core::Triplet;
+use agl_llm::{LlamaModel, LoraAdapter};
+use candle_core::{DType, Tensor, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::TrainError;
+
+/// Hyper-parameters of the LLM GRPO update.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmGrpoConfig {
+    /// AdamW learning rate (default 2e-5).
+    pub learning_rate: f64,
+    /// AdamW weight decay (default 0.0).
+    pub weight_decay: f64,
+    /// Lower clip range ε_low: the ratio is clipped below at `1 − ε_low` (default 0.2).
+    pub clip_low: f64,
+    /// Upper clip range ε_high: the ratio is clipped above at `1 + ε_high` (default 0.28,
+    /// DAPO's clip-higher).
+    pub clip_high: f64,
+    /// KL coefficient β to the base model (k3 estimator; default 0.0: no reference forward).
+    pub kl_beta: f64,
+    /// Global L2 norm that gradients are clipped to (default 1.0).
+    pub max_grad_norm: f64,
+    /// Most sequences per forward/backward pass (default 4).
+    pub micro_batch: usize,
+    /// Optimizer steps per batch of samples (μ, default 1: on-policy).
+    pub inner_steps: usize,
+}
+
+impl Default for LlmGrpoConfig {
+    fn default() -> Self {
+        Self {
+            learning_rate: 2e-5,
+            weight_decay: 0.0,
+            clip_low: 0.2,
+            clip_high: 0.28,
+            kl_beta: 0.0,
+            max_grad_norm: 1.0,
+            micro_batch: 4,
+            inner_steps: 1,
+        }
+    }
+}
+
+impl LlmGrpoConfig {
+    /// Checks ranges; the error names the field.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |f: &str, why: &str| Err(TrainError::Config(format!("{f} {why}")));
+        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+            return bad("learning_rate", "must be a positive number");
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad("weight_decay", "must be ≥ 0");
+        }
+        if !(self.clip_low > 0.0 && self.clip_low < 1.0) {
+            return bad("clip_low", "must be in (0, 1)");
+        }
+        if !(self.clip_high > 0.0 && self.clip_high.is_finite()) {
+            return bad("clip_high", "must be positive");
+        }
+        if !(self.kl_beta >= 0.0 && self.kl_beta.is_finite()) {
+            return bad("kl_beta", "must be ≥ 0");
+        }
+        if !(self.max_grad_norm > 0.0) {
+            return bad("max_grad_norm", "must be positive");
+        }
+        if self.micro_batch == 0 {
+            return bad("micro_batch", "must be at least 1");
+        }
+        if self.inner_steps == 0 {
+            return bad("inner_steps", "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// One training sequence: a prompt, then one or more responses (merged calls) with the context
+/// between them. JSON fields as named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenSample {
+    /// The rollout it came from.
+    pub rollout_id: String,
+    /// The GRPO group (the task) it belongs to.
+    pub group: String,
+    /// Every token: the first prompt, then responses and the context between them.
+    pub tokens: Vec<u32>,
+    /// Tokens before the first response token (the first call's prompt).
+    pub prompt_len: usize,
+    /// Per token after the prompt (`tokens.len() − prompt_len` entries): trained (a response
+    /// token) or context (loss mask 0).
+    pub loss_mask: Vec<bool>,
+    /// Per token after the prompt: the sampler's log-probability of a response token (0.0
+    /// for context tokens).
+    pub old_logprobs: Vec<f32>,
+    /// The reward this sample is trained on.
+    pub reward: f64,
+    /// Its group-relative advantage (set by [`assign_advantages`]).
+    pub advantage: f64,
+    /// The agent role of each merged call (the triplet's `agent_name`), in order.
+    pub roles: Vec<String>,
+    /// The model or adapter that answered each merged call (`agl.adapter`), in order.
+    pub adapters: Vec<Option<String>>,
+}
+
+impl TokenSample {
+    /// Response tokens trained on.
+    pub fn loss_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|m| **m).count()
+    }
+}
+
+fn malformed(rollout_id: &str, message: String) -> TrainError {
+    TrainError::Rollout {
+        rollout_id: rollout_id.to_string(),
+        message,
+    }
+}
+
+fn token_array(v: Option<&Value>, rollout_id: &str, what: &str) -> Result<Vec<u32>, TrainError> {
+    let arr = v
+        .and_then(Value::as_array)
+        .ok_or_else(|| malformed(rollout_id, format!("{what} is not an array of token ids")))?;
+    arr.iter()
+        .map(|x| {
+            x.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| malformed(rollout_id, format!("{what} holds {x}, not a token id")))
+        })
+        .collect()
+}
+
+/// One call's token ids and log-probabilities, read from a triplet.
+struct Call {
+    prompt: Vec<u32>,
+    response: Vec<u32>,
+    logprobs: Vec<f32>,
+    reward: Option<f64>,
+    role: String,
+    adapter: Option<String>,
+}
+
+fn read_call(t: &Triplet, rollout_id: &str) -> Result<Call, TrainError> {
+    let prompt = token_array(t.prompt.get("token_ids"), rollout_id, "prompt.token_ids")?;
+    let response = token_array(
+        t.response.get("token_ids"),
+        rollout_id,
+        "response.token_ids",
+    )?;
+    if prompt.is_empty() || response.is_empty() {
+        return Err(malformed(
+            rollout_id,
+            "a call without prompt or response token ids cannot be trained".into(),
+        ));
+    }
+    let logprobs: Vec<f32> = t
+        .response
+        .get("logprobs_values")
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            malformed(
+                rollout_id,
+                "response.logprobs_values is missing: the call has no recorded log-probabilities"
+                    .into(),
+            )
+        })?
+        .iter()
+        .map(|x| {
+            x.as_f64()
+                .filter(|f| f.is_finite() && *f <= 1e-6)
+                .map(|f| f.min(0.0) as f32)
+                .ok_or_else(|| malformed(rollout_id, format!("log-probability {x} is invalid")))
+        })
+        .collect::<Result<_, _>>()?;
+    if logprobs.len() != response.len() {
+        return Err(malformed(
+            rollout_id,
+            format!(
+                "{} log-probabilities for {} response tokens",
+                logprobs.len(),
+                response.len()
+            ),
+        ));
+    }
+    let meta_str = |k: &str| {
+        t.metadata
+            .get(k)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    Ok(Call {
+        prompt,
+        response,
+        logprobs,
+        reward: t.reward.filter(|r| r.is_finite()),
+        role: meta_str("agent_name").unwrap_or_else(|| "*".into()),
+        adapter: meta_str("adapter"),
+    })
+}
+
+/// The training samples of one rollout (see the module docs): `triplets` in call order,
+/// `group` the task key, `rollout_reward` the rollout's final reward.
+///
+/// # Errors
+/// [`TrainError::MalformedRollout`] when a triplet lacks token ids or log-probabilities (use
+/// the adapter's `adapt_for_training`, which refuses such calls first).
+pub fn samples_from_triplets(
+    rollout_id: &str,
+    group: &str,
+    triplets: &[Triplet],
+    rollout_reward: f64,
+) -> Result<Vec<TokenSample>, TrainError> {
+    let mut out: Vec<TokenSample> = Vec::new();
+    let mut current: Option<(TokenSample, Option<f64>)> = None;
+    for t in triplets {
+        let call = read_call(t, rollout_id)?;
+        let continues = current
+            .as_ref()
+            .is_some_and(|(s, _)| call.prompt.starts_with(&s.tokens));
+        if continues && let Some((s, last_reward)) = current.as_mut() {
+            let context = call.prompt.len() - s.tokens.len();
+            s.tokens.extend_from_slice(&call.prompt[s.tokens.len()..]);
+            s.loss_mask.extend(std::iter::repeat_n(false, context));
+            s.old_logprobs.extend(std::iter::repeat_n(0.0, context));
+            s.tokens.extend_from_slice(&call.response);
+            s.loss_mask
+                .extend(std::iter::repeat_n(true, call.response.len()));
+            s.old_logprobs.extend_from_slice(&call.logprobs);
+            s.roles.push(call.role);
+            s.adapters.push(call.adapter);
+            *last_reward = call.reward;
+            continue;
+        }
+        if let Some((s, r)) = current.take() {
+            out.push(finish(s, r, rollout_reward));
+        }
+        let n = call.response.len();
+        let mut tokens = call.prompt.clone();
+        tokens.extend_from_slice(&call.response);
+        current = Some((
+            TokenSample {
+                rollout_id: rollout_id.to_string(),
+                group: group.to_string(),
+                prompt_len: call.prompt.len(),
+                tokens,
+                loss_mask: vec![true; n],
+                old_logprobs: call.logprobs,
+                reward: 0.0,
+                advantage: 0.0,
+                roles: vec![call.role],
+                adapters: vec![call.adapter],
+            },
+            call.reward,
+        ));
+    }
+    if let Some((s, r)) = current.take() {
+        out.push(finish(s, r, rollout_reward));
+    }
+    Ok(out)
+}
+
+fn finish(mut s: TokenSample, call_reward: Option<f64>, rollout_reward: f64) -> TokenSample {
+    s.reward = call_reward.unwrap_or(rollout_reward);
+    s
+}
+
+/// Sets every sample's advantage from its group's rollout rewards (see the module docs).
+/// `rollout_rewards` maps each rollout id to its final reward; a group's mean and standard
+/// deviation are taken over its rollouts (one value each), whatever number of samples each
+/// rollout produced.
+pub fn assign_advantages(samples: &mut [TokenSample], rollout_rewards: &HashMap<String, f64>) {
+    let mut groups: HashMap<&str, Vec<f64>> = HashMap::new();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for s in samples.iter() {
+        if seen.insert(s.rollout_id.as_str())
+            && let Some(r) = rollout_rewards.get(&s.rollout_id)
+        {
+            groups.entry(s.group.as_str()).or_default().push(*r);
+        }
+    }
+    let stats: HashMap<String, (f64, f64)> = groups
+        .into_iter()
+        .map(|(g, rs)| {
+            let n = rs.len().max(1) as f64;
+            let mean = rs.iter().sum::<f64>() / n;
+            let var = rs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+            (g.to_string(), (mean, var.sqrt()))
+        })
+        .collect();
+    for s in samples.iter_mut() {
+        s.advantage = match stats.get(&s.group) {
+            Some(&(mean, std)) if std >= 1e-8 => (s.reward - mean) / (std + 1e-6),
+            _ => 0.0,
+        };
+    }
+}
+
+/// What one update did. JSON fields as named.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct LlmStepStats {
+    /// Samples given.
+    pub samples: usize,
+    /// Samples trained on (non-zero advantage).
+    pub trained_samples: usize,
+    /// Loss tokens trained on.
+    pub loss_tokens: usize,
+    /// Loss of the last inner step (token mean).
+    pub loss: f64,
+    /// Mean per-token k3 KL to the base model (0 when β = 0: not computed).
+    pub kl: f64,
+    /// Global gradient norm before clipping (last inner step).
+    pub grad_norm: f64,
+    /// Share of loss tokens whose ratio was clipped (last inner step).
+    pub clip_fraction: f64,
+    /// Largest `|ratio − 1|` over the loss tokens of the first inner step: how far the
+    /// trainer's recomputed log-probabilities are from the sampler's.
+    pub first_ratio_max_dev: f64,
+    /// Seconds spent in forward and backward passes and the optimizer.
+    pub seconds: f64,
+}
+
+/// The LoRA GRPO learner: the frozen base model, the trainable adapter and AdamW.
+pub struct LlmGrpo {
+    config: LlmGrpoConfig,
+    model: Arc<LlamaModel>,
+    adapter: LoraAdapter,
+    vars: Vec<Var>,
+    optimizer: AdamW,
+}
+
+impl std::fmt::Debug for LlmGrpo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmGrpo")
+            .field("config", &self.config)
+            .field("parameters", &self.adapter.num_parameters())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Sequences of one micro-batch, padded to the same length.
+struct MicroBatch {
+    tokens: Tensor,
+    from: usize,
+    old: Tensor,
+    mask: Tensor,
+    adv: Tensor,
+}
+
+impl LlmGrpo {
+    /// A learner for `adapter` (its variables `vars`, as [`LoraAdapter::new_trainable`] or
+    /// [`LoraAdapter::into_trainable`] return them) on `model`, which must be dense.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] for a bad configuration or a quantized model (no gradient flows
+    /// through quantized weights, and the sampler's log-probabilities would not be the ones
+    /// training recomputes).
+    pub fn new(
+        model: Arc<LlamaModel>,
+        adapter: LoraAdapter,
+        vars: Vec<Var>,
+        config: LlmGrpoConfig,
+    ) -> Result<Self, TrainError> {
+        config.validate()?;
+        if !model.is_dense() {
+            return Err(TrainError::Config(
+                "training needs the dense (f32) weights: start the engine with --weights dense"
+                    .into(),
+            ));
+        }
+        let optimizer = AdamW::new(
+            vars.clone(),
+            ParamsAdamW {
+                lr: config.learning_rate,
+                weight_decay: config.weight_decay,
+                ..ParamsAdamW::default()
+            },
+        )?;
+        Ok(Self {
+            config,
+            model,
+            adapter,
+            vars,
+            optimizer,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LlmGrpoConfig {
+        &self.config
+    }
+
+    /// The adapter being trained (its factors change in place at each step; hand the engine
+    /// a [`LoraAdapter::snapshot`]).
+    pub fn adapter(&self) -> &LoraAdapter {
+        &self.adapter
+    }
+
+    fn micro_batch(&self, samples: &[&TokenSample]) -> Result<MicroBatch, TrainError> {
+        let device = self.model.device();
+        let t = samples.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+        let from = samples
+            .iter()
+            .map(|s| s.prompt_len)
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        if t <= from {
+            return Err(TrainError::Config(
+                "a sample has no response tokens after its prompt".into(),
+            ));
+        }
+        let n = t - from;
+        let b = samples.len();
+        let mut tokens = vec![0u32; b * t];
+        let mut old = vec![0f32; b * n];
+        let mut mask = vec![0f32; b * n];
+        let mut adv = vec![0f32; b];
+        for (i, s) in samples.iter().enumerate() {
+            tokens[i * t..i * t + s.tokens.len()].copy_from_slice(&s.tokens);
+            // Right padding repeats the last token; the causal mask keeps it from touching the
+            // positions that count, and its positions have mask 0.
+            if let Some(&last) = s.tokens.last() {
+                for x in &mut tokens[i * t + s.tokens.len()..(i + 1) * t] {
+                    *x = last;
+                }
+            }
+            for (k, (&m, &lp)) in s.loss_mask.iter().zip(&s.old_logprobs).enumerate() {
+                let j = s.prompt_len + k - from;
+                mask[i * n + j] = if m { 1.0 } else { 0.0 };
+                old[i * n + j] = lp;
+            }
+            adv[i] = s.advantage as f32;
+        }
+        Ok(MicroBatch {
+            tokens: Tensor::from_vec(tokens, (b, t), device)?,
+            from,
+            old: Tensor::from_vec(old, (b, n), device)?,
+            mask: Tensor::from_vec(mask, (b, n), device)?,
+            adv: Tensor::from_vec(adv, (b, 1), device)?,
+        })
+    }
+
+    /// One update on `samples` (advantages set; see the module docs).
+    ///
+    /// # Errors
+    /// Tensor errors and [`TrainError::Config`] for samples the model cannot take.
+    pub fn step(&mut self, samples: &[TokenSample]) -> Result<LlmStepStats, TrainError> {
+        let started = Instant::now();
+        let mut kept: Vec<&TokenSample> = samples
+            .iter()
+            .filter(|s| s.advantage != 0.0 && s.loss_tokens() > 0)
+            .collect();
+        // Similar lengths share a micro-batch: less padding.
+        kept.sort_by_key(|s| s.tokens.len());
+        let total_tokens: usize = kept.iter().map(|s| s.loss_tokens()).sum();
+        let mut stats = LlmStepStats {
+            samples: samples.len(),
+            trained_samples: kept.len(),
+            loss_tokens: total_tokens,
+            ..LlmStepStats::default()
+        };
+        if kept.is_empty() {
+            stats.seconds = started.elapsed().as_secs_f64();
+            return Ok(stats);
+        }
+        let batches: Vec<MicroBatch> = kept
+            .chunks(self.config.micro_batch)
+            .map(|c| self.micro_batch(c))
+            .collect::<Result<_, _>>()?;
+        let denom = total_tokens as f64;
+        let (lo, hi) = (1.0 - self.config.clip_low, 1.0 + self.config.clip_high);
+        let beta = self.config.kl_beta;
+        for inner in 0..self.config.inner_steps {
+            let mut acc: Option<candle_core::backprop::GradStore> = None;
+            let (mut loss_sum, mut kl_sum, mut clipped, mut max_dev) = (0f64, 0f64, 0f64, 0f64);
+            for mb in &batches {
+                let new =
+                    self.model
+                        .token_logprobs_from(&mb.tokens, mb.from, Some(&self.adapter))?;
+                let log_ratio = (&new - &mb.old)?;
+                let ratio = log_ratio.exp()?;
+                let surr1 = ratio.broadcast_mul(&mb.adv)?;
+                let surr2 = ratio.clamp(lo, hi)?.broadcast_mul(&mb.adv)?;
+                let mut per_token = surr1.minimum(&surr2)?.neg()?;
+                if beta > 0.0 {
+                    let reference = self
+                        .model
+                        .token_logprobs_from(&mb.tokens, mb.from, None)?
+                        .detach();
+                    let d = (&reference - &new)?;
+                    let k3 = ((d.exp()? - &d)? - 1.0)?;
+                    kl_sum += f64::from((&k3 * &mb.mask)?.sum_all()?.to_scalar::<f32>()?);
+                    per_token = (per_token + (k3 * beta)?)?;
+                }
+                let loss = ((per_token * &mb.mask)?.sum_all()? / denom)?;
+                loss_sum += f64::from(loss.to_scalar::<f32>()?);
+                let r = ratio.detach();
+                let out = (r.lt(lo)?.to_dtype(DType::F32)? + r.gt(hi)?.to_dtype(DType::F32)?)?;
+                clipped += f64::from((out * &mb.mask)?.sum_all()?.to_scalar::<f32>()?);
+                if inner == 0 {
+                    let dev = ((r - 1.0)?.abs()? * &mb.mask)?
+                        .flatten_all()?
+                        .max(0)?
+                        .to_scalar::<f32>()?;
+                    max_dev = max_dev.max(f64::from(dev));
+                }
+                let grads = loss.backward()?;
+                acc = Some(match acc {
+                    None => grads,
+                    Some(mut a) => {
+                        for v in &self.vars {
+                            if let Some(g) = grads.get(v.as_tensor()) {
+                                let sum = match a.get(v.as_tensor()) {
+                                    Some(prev) => (prev + g)?,
+                                    None => g.clone(),
+                                };
+                                a.insert(v.as_tensor(), sum);
+                            }
+                        }
+                        a
+                    }
+                });
+            }
+            let Some(mut grads) = acc else { break };
+            let mut total = 0f64;
+            for v in &self.vars {
+                if let Some(g) = grads.get(v.as_tensor()) {
+                    total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+                }
+            }
+            let norm = total.sqrt();
+            if !norm.is_finite() {
+                return Err(TrainError::Config(format!(
+                    "the gradient norm is {norm}: the update was not applied"
+                )));
+            }
+            if norm > self.config.max_grad_norm {
+                let scale = self.config.max_grad_norm / (norm + 1e-12);
+                for v in &self.vars {
+                    if let Some(g) = grads.remove(v.as_tensor()) {
+                        grads.insert(v.as_tensor(), (g * scale)?);
+                    }
+                }
+            }
+            self.optimizer.step(&grads)?;
+            stats.loss = loss_sum;
+            stats.kl = kl_sum / denom;
+            stats.grad_norm = norm;
+            stats.clip_fraction = clipped / denom;
+            if inner == 0 {
+                stats.first_ratio_max_dev = max_dev;
+            }
+        }
+        stats.seconds = started.elapsed().as_secs_f64();
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn triplet(prompt: &[u32], response: &[u32], reward: Option<f64>, role: &str) -> Triplet {
+        let lps: Vec<f64> = response.iter().map(|&t| -0.1 * f64::from(t)).collect();
+        let mut metadata = serde_json::Map::new();
+        metadata.insert("agent_name".into(), json!(role));
+        metadata.insert("adapter".into(), json!("policy-v0"));
+        Triplet {
+            prompt: json!({"token_ids": prompt}),
+            response: json!({"token_ids": response, "logprobs_values": lps}),
+            reward,
+            metadata,
+        }
+    }
+
+    #[test]
+    fn a_continuing_prompt_merges_calls_and_masks_the_context() {
+        // call 1: prompt [1 2 3], response [4 5]; call 2's prompt repeats both, adds [6 7]
+        // (a tool result), response [8].
+        let ts = vec![
+            triplet(&[1, 2, 3], &[4, 5], None, "write"),
+            triplet(&[1, 2, 3, 4, 5, 6, 7], &[8], Some(0.5), "rewrite"),
+        ];
+        let s = samples_from_triplets("ro-1", "q1", &ts, 1.0).unwrap();
+        assert_eq!(s.len(), 1);
+        let s = &s[0];
+        assert_eq!(s.tokens, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(s.prompt_len, 3);
+        assert_eq!(s.loss_mask, vec![true, true, false, false, true]);
+        assert_eq!(s.old_logprobs, vec![-0.4, -0.5, 0.0, 0.0, -0.8]);
+        assert_eq!(s.roles, vec!["write", "rewrite"]);
+        // the reward matched to the last merged call wins over the rollout's
+        assert_eq!(s.reward, 0.5);
+        assert_eq!(s.loss_tokens(), 3);
+    }
+
+    #[test]
+    fn a_fresh_prompt_starts_a_new_sample_with_the_rollout_reward() {
+        let ts = vec![
+            triplet(&[1, 2, 3], &[4, 5], Some(0.25), "write"),
+            triplet(&[9, 9], &[6], None, "check"),
+            triplet(&[1, 2], &[3], None, "rewrite"),
+        ];
+        let s = samples_from_triplets("ro-1", "q1", &ts, 1.0).unwrap();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].reward, 0.25, "an intermediate reward goes to its call");
+        assert_eq!(s[1].reward, 1.0);
+        assert_eq!(s[2].tokens, vec![1, 2, 3]);
+        assert_eq!(s[2].roles, vec!["rewrite"]);
+    }
+
+    #[test]
+    fn the_identical_prompt_twice_is_two_samples() {
+        // The same prompt again (a retry) is not a continuation: it does not hold the first
+        // response.
+        let ts = vec![
+            triplet(&[1, 2], &[3], None, "write"),
+            triplet(&[1, 2], &[4], None, "write"),
+        ];
+        let s = samples_from_triplets("ro-1", "q1", &ts, 0.0).unwrap();
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn calls_without_ids_or_logprobs_are_refused_by_name() {
+        let mut t = triplet(&[1], &[2], None, "write");
+        t.response = json!({"token_ids": [2]});
+        let e = samples_from_triplets("ro-9", "q", &[t], 0.0).unwrap_err();
+        assert!(e.to_string().contains("logprobs_values"), "{e}");
+        assert!(e.to_string().contains("ro-9"), "{e}");
+        let mut t = triplet(&[1], &[2], None, "write");
+        t.prompt = json!({"token_ids": ["a"]});
+        let e = samples_from_triplets("ro-9", "q", &[t], 0.0).unwrap_err();
+        assert!(e.to_string().contains("prompt.token_ids"), "{e}");
+        let mut t = triplet(&[1], &[2, 3], None, "write");
+        t.response = json!({"token_ids": [2, 3], "logprobs_values": [-0.1]});
+        let e = samples_from_triplets("ro-9", "q", &[t], 0.0).unwrap_err();
+        assert!(e.to_string().contains("1 log-probabilities for 2"), "{e}");
+    }
+
+    #[test]
+    fn advantages_are_group_relative_over_rollouts() {
+        let mk = |ro: &str, g: &str, r: f64| TokenSample {
+            rollout_id: ro.into(),
+            group: g.into(),
+            tokens: vec![1, 2],
+            prompt_len: 1,
+            loss_mask: vec![true],
+            old_logprobs: vec![-1.0],
+            reward: r,
+            advantage: 9.0,
+            roles: vec![],
+            adapters: vec![],
+        };
+        // group a: rollouts with rewards 1 and 0 (rollout a1 has two samples); group b: all
+        // equal.
+        let mut s = vec![
+            mk("a1", "a", 1.0),
+            mk("a1", "a", 1.0),
+            mk("a2", "a", 0.0),
+            mk("b1", "b", 0.5),
+            mk("b2", "b", 0.5),
+        ];
+        let rewards: HashMap<String, f64> = [("a1", 1.0), ("a2", 0.0), ("b1", 0.5), ("b2", 0.5)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assign_advantages(&mut s, &rewards);
+        let adv: Vec<f64> = s.iter().map(|x| x.advantage).collect();
+        // mean 0.5, std 0.5 over the two rollouts (not the three samples)
+        assert!(
+            (adv[0] - 1.0).abs() < 1e-5 && (adv[1] - 1.0).abs() < 1e-5,
+            "{adv:?}"
+        );
+        assert!((adv[2] + 1.0).abs() < 1e-5, "{adv:?}");
+        assert_eq!(&adv[3..], &[0.0, 0.0]);
+    }
+
+    #[test]
+    fn config_ranges_are_checked_by_field() {
+        let bad = LlmGrpoConfig {
+            micro_batch: 0,
+            ..LlmGrpoConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("micro_batch")
+        );
+        let bad = LlmGrpoConfig {
+            clip_low: 1.5,
+            ..LlmGrpoConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("clip_low"));
+        assert!(LlmGrpoConfig::default().validate().is_ok());
+    }
+}
