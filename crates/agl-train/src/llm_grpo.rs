@@ -109,7 +109,7 @@ impl LlmGrpoConfig {
         if !(self.kl_beta >= 0.0 && self.kl_beta.is_finite()) {
             return bad("kl_beta", "must be ≥ 0");
         }
-        if !(self.max_grad_norm > 0.0) {
+        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
             return bad("max_grad_norm", "must be positive");
         }
         if self.micro_batch == 0 {

@@ -159,13 +159,18 @@ pub struct Approved {
     pub decision: Decision,
 }
 
-/// A span an agent asks the runner to store with its rollout ([`StepContext::annotate`]).
+/// A span an agent asks the runner to store with its rollout ([`StepContext::annotate`],
+/// [`StepContext::annotate_span`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Annotation {
     /// Span name, e.g. `agentlightning.operation`.
     pub name: String,
     /// Span attributes.
     pub attributes: Attributes,
+    /// Start time, Unix seconds; `None`: the time the runner writes the span.
+    pub start_time: Option<f64>,
+    /// End time, Unix seconds; `None`: the time the runner writes the span.
+    pub end_time: Option<f64>,
 }
 
 #[derive(Clone)]
@@ -367,11 +372,34 @@ impl StepContext {
 
     /// Asks the runner to store a span named `name` with `attributes` with the rollout (only
     /// [`GovernedRunner::iter`] stores them; [`GovernedRunner::step`] has no store and drops
-    /// them).
+    /// them). Its start and end time are the time the runner writes it, after the step.
     pub fn annotate(&mut self, name: impl Into<String>, attributes: Attributes) {
         self.annotations.push(Annotation {
             name: name.into(),
             attributes,
+            start_time: None,
+            end_time: None,
+        });
+    }
+
+    /// [`StepContext::annotate`] for a span that covers a stretch of the step: it starts at
+    /// `start` and ends at `end` (Unix seconds, as [`agl_core::now_seconds`]; an `end` before
+    /// `start` is raised to `start`). Spans of other tracers (the LLM gateway's call spans) that
+    /// lie inside that interval are nested under it by the span → triplet adapter's hierarchy
+    /// repair ([`crate::TracerTraceToTriplet`]), which is how an agent span names the agent of
+    /// the LLM calls it encloses.
+    pub fn annotate_span(
+        &mut self,
+        name: impl Into<String>,
+        attributes: Attributes,
+        start: f64,
+        end: f64,
+    ) {
+        self.annotations.push(Annotation {
+            name: name.into(),
+            attributes,
+            start_time: Some(start),
+            end_time: Some(end.max(start)),
         });
     }
 }
@@ -869,7 +897,8 @@ where
     /// add the LLM gateway's violations of the attempt to the step's (see the module docs), and
     /// report it.
     ///
-    /// Reporting a rollout stores, in order: the agent's [`StepContext::annotate`] spans; one
+    /// Reporting a rollout stores, in order: the agent's [`StepContext::annotate`] and
+    /// [`StepContext::annotate_span`] spans (in the order asked, with their own times); one
     /// governance `agentlightning.annotation` span (`agent_os.violations` count,
     /// `agent_os.total_penalty`, `agent_os.violation_types`, `agent_os.policies_violated`,
     /// `agent_os.signals`, `agl.success`; always written, even with no violation, so every
@@ -949,7 +978,14 @@ where
             let mut spans = Vec::with_capacity(annotations.len() + 2);
             for a in annotations {
                 let seq = store.get_next_span_sequence_id(&rid, &aid).await?;
-                spans.push(Span::new(&rid, &aid, seq, &a.name, a.attributes));
+                let mut span = Span::new(&rid, &aid, seq, &a.name, a.attributes);
+                if a.start_time.is_some() {
+                    span.start_time = a.start_time;
+                }
+                if a.end_time.is_some() {
+                    span.end_time = a.end_time;
+                }
+                spans.push(span);
             }
             let seq = store.get_next_span_sequence_id(&rid, &aid).await?;
             spans.push(Span::new(

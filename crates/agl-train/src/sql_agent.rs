@@ -41,7 +41,10 @@
 //! retries 429 and 5xx answers up to 3 times with short back-off (its default); 4xx answers
 //! are not retried.
 //!
-//! Every statement is recorded as an `agentlightning.operation` span (see [`LlmSqlAgent`]).
+//! Every statement is recorded as an `agentlightning.operation` span, and every model call is
+//! enclosed by an agent span naming the role that made it ([`ROLE_WRITE`], [`ROLE_CHECK`],
+//! [`ROLE_REWRITE`]), so Agent Lightning's span → triplet adapter can train some roles only
+//! (see [`LlmSqlAgent`]).
 //! [`sql_eval_row`] and [`SqlEvalSummary`] read finished rollouts back for `agl eval`.
 //!
 //! Not responsible for serving the model, the gateway, or choosing among candidates (the
@@ -52,7 +55,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use agl_core::{Attempt, AttributeValue, Attributes, Rollout, Span, semconv};
+use agl_core::{Attempt, AttributeValue, Attributes, Rollout, Span, now_seconds, semconv};
 use agl_gov::{Action, ActionKind};
 use agl_spider::prompts::{self, CheckVerdict, PromptMessage};
 use agl_spider::{
@@ -73,6 +76,22 @@ use crate::error::TrainError;
 use crate::reward::{PolicyReward, RewardConfig};
 use crate::runner::{Agent, AgentError, LlmEndpoint, StepContext, gateway_violations};
 use crate::violation::GovernedRollout;
+
+/// Agent name ([`AGENT_NAME_ATTR`]) of the model call that writes the first query.
+pub const ROLE_WRITE: &str = "write";
+/// Agent name of the model calls that review a query and its result.
+pub const ROLE_CHECK: &str = "check";
+/// Agent name of the model calls that rewrite a query after a review.
+pub const ROLE_REWRITE: &str = "rewrite";
+/// Every role, in workflow order.
+pub const ROLES: [&str; 3] = [ROLE_WRITE, ROLE_CHECK, ROLE_REWRITE];
+/// Span attribute holding an agent span's role: `agent.name`, the first agent-name rule of Agent
+/// Lightning's `TracerTraceToTriplet` (protocol reference §8.3).
+pub const AGENT_NAME_ATTR: &str = "agent.name";
+/// `agentlightning.operation.name` of the agent spans (one per model call).
+pub const AGENT_OPERATION: &str = "sql.agent";
+/// `agentlightning.operation.name` of the statement spans (one per query written).
+pub const QUERY_OPERATION: &str = "sql.query";
 
 /// Feedback given to the rewrite when a reply held no SQL.
 const NO_SQL_FEEDBACK: &str = "The answer contained no SQL query. Answer with exactly one \
@@ -246,11 +265,24 @@ impl ExecutorPool {
 /// resource, an unknown database, a kernel failure, or a refused check under
 /// `fail_on_violation`.
 ///
-/// Spans ([`StepContext::annotate`]), one per query written, in order: `agentlightning.operation`
-/// with `agentlightning.operation.name = "sql.query"`, `agl.turn`, `agl.database`, `agl.sql`,
-/// `agl.status` (`executed`, `failed`, `blocked`, `no_sql`), `agl.executed`,
-/// `agl.rows_returned`, `agl.rows_changed`, `agl.schema_changed`, `agl.destructive`,
-/// `agl.error` / `agl.policy` when they apply, and `agl.check` (`correct`, `incorrect`, `none`).
+/// Spans, in the order they happen (each query's statement span after its check):
+/// - one statement span per query written ([`StepContext::annotate`]): `agentlightning.operation`
+///   with `agentlightning.operation.name = "sql.query"` ([`QUERY_OPERATION`]), `agl.turn`,
+///   `agl.database`, `agl.sql`, `agl.status` (`executed`, `failed`, `blocked`, `no_sql`),
+///   `agl.executed`, `agl.rows_returned`, `agl.rows_changed`, `agl.schema_changed`,
+///   `agl.destructive`, `agl.error` / `agl.policy` when they apply, and `agl.check` (`correct`,
+///   `incorrect`, `none`);
+/// - one agent span per model call, failed ones included ([`StepContext::annotate_span`]):
+///   `agentlightning.operation` with `agentlightning.operation.name = "sql.agent"`
+///   ([`AGENT_OPERATION`]), `agent.name` = [`ROLE_WRITE`], [`ROLE_CHECK`] or [`ROLE_REWRITE`],
+///   `agl.turn` (the query the call writes or reviews: 1 for the write and its check) and, when
+///   the call failed, `agl.error`. It starts just before the request is sent and ends just after
+///   the answer or error arrives, so the gateway's `openai.chat.completion` span of the call
+///   (written with no parent) lies inside it in time; `TracerTraceToTriplet`'s hierarchy repair
+///   nests the call under it, and its `agent_match` selects calls by role (`^(write|rewrite)$`
+///   trains the writer and not the reviewer; note that Agent Lightning's example pattern
+///   `write` also matches `rewrite`). The gateway and the agent must share a clock: a call span
+///   outside its agent span stays at the root (agent `*`, dropped by any `agent_match`).
 pub struct LlmSqlAgent {
     config: SqlAgentConfig,
     db_root: PathBuf,
@@ -427,6 +459,24 @@ impl LlmSqlAgent {
         }
     }
 
+    /// [`LlmSqlAgent::chat`] as `role` for query `turn`, enclosed by an agent span
+    /// ([`agent_span`]) from just before the request to just after the answer or error.
+    async fn call_as(
+        &self,
+        ctx: &mut StepContext,
+        llm: &Llm,
+        role: &'static str,
+        turn: usize,
+        messages: Vec<PromptMessage>,
+    ) -> Result<String, String> {
+        let start = now_seconds();
+        let answer = self.chat(llm, messages).await;
+        let end = now_seconds();
+        let attributes = agent_span(role, turn, answer.as_ref().err());
+        ctx.annotate_span(semconv::AGL_OPERATION, attributes, start, end);
+        answer
+    }
+
     /// Checks `sql` with the kernel and runs what it allows.
     async fn run_sql(
         &self,
@@ -489,9 +539,21 @@ impl LlmSqlAgent {
     }
 }
 
+/// The attributes of one model call's agent span (see [`LlmSqlAgent`]).
+fn agent_span(role: &str, turn: usize, error: Option<&String>) -> Attributes {
+    let mut a = Attributes::new();
+    a.insert(semconv::OPERATION_NAME.into(), AGENT_OPERATION.into());
+    a.insert(AGENT_NAME_ATTR.into(), role.into());
+    a.insert("agl.turn".into(), AttributeValue::Int(turn as i64));
+    if let Some(e) = error {
+        a.insert("agl.error".into(), e.as_str().into());
+    }
+    a
+}
+
 fn operation_span(db_id: &str, turn: &SqlTurn) -> Attributes {
     let mut a = Attributes::new();
-    a.insert(semconv::OPERATION_NAME.into(), "sql.query".into());
+    a.insert(semconv::OPERATION_NAME.into(), QUERY_OPERATION.into());
     a.insert("agl.turn".into(), AttributeValue::Int(turn.turn as i64));
     a.insert("agl.database".into(), db_id.into());
     if let Some(sql) = &turn.sql {
@@ -565,7 +627,12 @@ impl Agent for LlmSqlAgent {
         loop {
             // write_query / rewrite_query
             out.llm_calls += 1;
-            let reply = match self.chat(&llm, messages).await {
+            let role = if out.turns == 0 {
+                ROLE_WRITE
+            } else {
+                ROLE_REWRITE
+            };
+            let reply = match self.call_as(ctx, &llm, role, out.turns + 1, messages).await {
                 Ok(r) => r,
                 Err(e) => {
                     out.llm_errors.push(e);
@@ -598,7 +665,7 @@ impl Agent for LlmSqlAgent {
                     out.llm_calls += 1;
                     let check =
                         prompts::check_messages(&schema, &q.question, sql, &ran.feedback_text);
-                    match self.chat(&llm, check).await {
+                    match self.call_as(ctx, &llm, ROLE_CHECK, out.turns, check).await {
                         Ok(review) => {
                             turn.verdict = prompts::parse_verdict(&review);
                             out.verdicts.push(turn.verdict);
@@ -878,6 +945,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use crate::runner::{GovernedRunner, SOURCE_ATTR, SOURCE_GATEWAY};
+    use crate::tracer_adapter::{DEFAULT_LLM_CALL_MATCH, TracerTraceToTriplet};
 
     /// What the scripted model answers next.
     enum Canned {
@@ -904,9 +972,9 @@ mod tests {
         }
     }
 
-    fn completion(text: &str) -> Value {
+    fn completion(id: &str, text: &str) -> Value {
         json!({
-            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "fake",
+            "id": id, "object": "chat.completion", "created": 0, "model": "fake",
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
@@ -936,8 +1004,15 @@ mod tests {
     }
 
     async fn handle(State(fake): State<Arc<Fake>>, uri: Uri, Json(body): Json<Value>) -> Response {
+        let arrived = agl_core::now_seconds();
         let path = uri.path().to_string();
-        fake.requests.lock().unwrap().push((path.clone(), body));
+        let call = {
+            let mut requests = fake.requests.lock().unwrap();
+            requests.push((path.clone(), body));
+            requests.len()
+        };
+        // one response id per call, in order: chatcmpl-1, chatcmpl-2, …
+        let response_id = format!("chatcmpl-{call}");
         let next = fake.replies.lock().unwrap().pop_front();
         let attempt = attempt_of(&path);
         let text = match next {
@@ -967,8 +1042,10 @@ mod tests {
             }
         };
         if let Some((rid, aid)) = &attempt {
-            // the gateway's call span, with usage
+            // the gateway's call span (no parent, from the request's arrival to the answer),
+            // with usage and response id
             let mut a = Attributes::new();
+            a.insert("gen_ai.response.id".into(), response_id.as_str().into());
             a.insert(
                 "gen_ai.usage.prompt_tokens".into(),
                 AttributeValue::Int(100),
@@ -977,9 +1054,16 @@ mod tests {
                 "gen_ai.usage.completion_tokens".into(),
                 AttributeValue::Int(10),
             );
-            add_span(&fake.store, rid, aid, semconv::OPENAI_CHAT_COMPLETION, a).await;
+            let seq = fake
+                .store
+                .get_next_span_sequence_id(rid, aid)
+                .await
+                .unwrap();
+            let mut span = Span::new(rid, aid, seq, semconv::OPENAI_CHAT_COMPLETION, a);
+            span.start_time = Some(arrived);
+            fake.store.add_span(span).await.unwrap();
         }
-        Json(completion(text)).into_response()
+        Json(completion(&response_id, text)).into_response()
     }
 
     /// Serves `replies` on 127.0.0.1; returns the server's state and URL.
@@ -1031,10 +1115,39 @@ mod tests {
         fn reward(&self) -> f64 {
             agl_core::find_final_reward(&self.spans).unwrap()
         }
-        fn operations(&self) -> Vec<&Span> {
+        /// The `agentlightning.operation` spans named `operation`.
+        fn operations_named(&self, operation: &str) -> Vec<&Span> {
             self.spans
                 .iter()
-                .filter(|s| s.name == semconv::AGL_OPERATION)
+                .filter(|s| {
+                    s.name == semconv::AGL_OPERATION
+                        && s.attributes.get(semconv::OPERATION_NAME) == Some(&operation.into())
+                })
+                .collect()
+        }
+        /// The statement spans.
+        fn operations(&self) -> Vec<&Span> {
+            self.operations_named(QUERY_OPERATION)
+        }
+        /// The agent spans' `(agent.name, agl.turn)`, in order.
+        fn roles(&self) -> Vec<(String, i64)> {
+            self.operations_named(AGENT_OPERATION)
+                .iter()
+                .map(|s| {
+                    let name = s.attributes[AGENT_NAME_ATTR].as_str().unwrap().to_string();
+                    let turn = match s.attributes["agl.turn"] {
+                        AttributeValue::Int(t) => t,
+                        ref other => panic!("agl.turn is {other:?}"),
+                    };
+                    (name, turn)
+                })
+                .collect()
+        }
+        /// The gateway's call spans.
+        fn calls(&self) -> Vec<&Span> {
+            self.spans
+                .iter()
+                .filter(|s| s.name == semconv::OPENAI_CHAT_COMPLETION)
                 .collect()
         }
     }
@@ -1324,6 +1437,15 @@ mod tests {
         // the query written before the refusal stands
         assert_eq!(out.final_sql.as_deref(), Some("SELECT name FROM singer"));
         assert!(!out.correct);
+        // the failed call has its agent span too, with the error
+        assert_eq!(
+            done.roles(),
+            [(ROLE_WRITE, 1), (ROLE_CHECK, 1), (ROLE_REWRITE, 2)].map(|(r, t)| (r.to_string(), t))
+        );
+        let agents = done.operations_named(AGENT_OPERATION);
+        assert!(!agents[1].attributes.contains_key("agl.error"));
+        let error = agents[2].attributes["agl.error"].as_str().unwrap();
+        assert!(error.contains("403"), "{error}");
         // calls went to the per-attempt URL
         let reqs = fake.requests();
         assert_eq!(reqs.len(), 3);
@@ -1362,6 +1484,83 @@ mod tests {
         );
         assert_eq!(s.completion_tokens_per_second, 10.0);
         assert_eq!(s.tokens_per_second, 110.0);
+    }
+
+    /// Agent Lightning's span → triplet adapter over one rollout's spans.
+    fn triplets(done: &Done, agent_match: Option<&str>) -> Vec<(String, String, Option<f64>)> {
+        TracerTraceToTriplet::new(DEFAULT_LLM_CALL_MATCH, agent_match)
+            .unwrap()
+            .adapt(&done.spans)
+            .unwrap()
+            .into_iter()
+            .map(|t| {
+                let m = &t.metadata;
+                let text = |k: &str| m[k].as_str().unwrap().to_string();
+                (text("agent_name"), text("response_id"), t.reward)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn every_model_call_is_enclosed_by_an_agent_span_naming_its_role() {
+        let (done, _) = run(
+            vec![
+                Canned::Text("```sql\nSELECT name FROM singer\n```"),
+                Canned::Text("THE QUERY IS INCORRECT"),
+                Canned::Text("```sql\nSELECT count(*) FROM singer\n```"),
+                Canned::Text("THE QUERY IS CORRECT"),
+            ],
+            true,
+            SqlAgentConfig::default(),
+        )
+        .await;
+        assert_eq!(done.output().llm_calls, 4);
+        assert_eq!(
+            done.roles(),
+            [
+                (ROLE_WRITE, 1),
+                (ROLE_CHECK, 1),
+                (ROLE_REWRITE, 2),
+                (ROLE_CHECK, 2)
+            ]
+            .map(|(r, t)| (r.to_string(), t))
+        );
+        // each gateway call span (no parent) lies strictly inside its call's agent span
+        let agents = done.operations_named(AGENT_OPERATION);
+        let calls = done.calls();
+        assert_eq!(calls.len(), 4);
+        for (agent, call) in agents.iter().zip(&calls) {
+            assert_eq!(call.parent_id, None);
+            let (a0, a1) = (agent.start_time.unwrap(), agent.end_time.unwrap());
+            let (c0, c1) = (call.start_time.unwrap(), call.end_time.unwrap());
+            assert!(a0 < c0 && c1 < a1, "agent [{a0}, {a1}], call [{c0}, {c1}]");
+        }
+
+        // training the writer only: the write and the rewrite, in order, named by role; the
+        // final reward (1 + clean bonus 5) goes to the last trained call
+        let writer = format!("^({ROLE_WRITE}|{ROLE_REWRITE})$");
+        let id = |s: &str| s.to_string();
+        assert_eq!(
+            triplets(&done, Some(&writer)),
+            [
+                (id(ROLE_WRITE), id("chatcmpl-1"), None),
+                (id(ROLE_REWRITE), id("chatcmpl-3"), Some(6.0)),
+            ]
+        );
+        // the reviewer only
+        let checks = triplets(&done, Some(&format!("^{ROLE_CHECK}$")));
+        let ids: Vec<&str> = checks.iter().map(|(_, r, _)| r.as_str()).collect();
+        assert_eq!(ids, ["chatcmpl-2", "chatcmpl-4"]);
+        // every call, each still named by its role
+        assert_eq!(
+            triplets(&done, None),
+            [
+                (id(ROLE_WRITE), id("chatcmpl-1"), None),
+                (id(ROLE_CHECK), id("chatcmpl-2"), None),
+                (id(ROLE_REWRITE), id("chatcmpl-3"), None),
+                (id(ROLE_CHECK), id("chatcmpl-4"), Some(6.0)),
+            ]
+        );
     }
 
     #[tokio::test]
