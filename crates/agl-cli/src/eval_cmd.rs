@@ -9,9 +9,12 @@
 //!   start on 127.0.0.1 (a free port); the gateway records every model call as a span (tokens)
 //!   and checks the model's output with the same kernel that checks the agent's SQL. One `test`
 //!   rollout per question; `--workers` runners serve them concurrently (so the engine batches).
-//! - `--agent scorer`: the built-in candidate-choosing policy (the scorer `agl train` trains,
-//!   here untrained, initialised from `--seed`), evaluated as `agl train` evaluates it (greedy
-//!   choice, kernel enforcing).
+//! - `--agent scorer`: the built-in candidate-choosing policy (the scorer `agl train` trains),
+//!   evaluated as `agl train` evaluates it (greedy choice, kernel enforcing): untrained,
+//!   initialised from `--seed`, or with `--checkpoint DIR` the parameters `agl train
+//!   --checkpoint-dir` saved (`agl_train::checkpoint`), on the candidate sets of the
+//!   checkpoint's run (its seed, candidates, distractors). A missing or malformed checkpoint is
+//!   refused before any data is loaded.
 //!
 //! The report has the shape of `agl train`'s (`seed`, `config`, `data`, the split's
 //! [`EvalStats`] under its name, `seconds`) plus `agent`, `violations` (per policy, in the
@@ -48,7 +51,7 @@ use crate::llm_cmd::Weights;
 pub enum AgentKind {
     /// An LLM writes, checks and rewrites SQL (through the LLM gateway).
     Llm,
-    /// The built-in candidate-choosing policy (untrained, seeded by --seed).
+    /// The built-in candidate-choosing policy (untrained, seeded by --seed, or a --checkpoint).
     Scorer,
 }
 
@@ -65,7 +68,7 @@ impl AgentKind {
 #[derive(Debug, Args)]
 pub struct EvalArgs {
     /// The agent: `llm` (an LLM writes SQL, checks and rewrites it) or `scorer` (the built-in
-    /// candidate-choosing policy, untrained, as `agl train` evaluates it).
+    /// candidate-choosing policy, untrained or a --checkpoint, as `agl train` evaluates it).
     #[arg(long, value_enum)]
     agent: AgentKind,
     /// The model (llm agent): a known name (`agl model pull NAME`), a .gguf file or a Hugging
@@ -133,6 +136,12 @@ pub struct EvalArgs {
     /// Time limit of one model call in seconds.
     #[arg(long, default_value_t = 600.0)]
     request_timeout: f64,
+    /// A scorer checkpoint directory (`agl train --checkpoint-dir`'s `step-N` or `final`) to
+    /// evaluate instead of the untrained scorer (scorer agent). The candidate sets are the
+    /// checkpoint's (its seed, candidates and distractors), as `agl train` evaluated it, so
+    /// --seed is not accepted with it.
+    #[arg(long, value_name = "DIR", conflicts_with = "seed")]
+    checkpoint: Option<PathBuf>,
 }
 
 fn parse_split(s: &str) -> Result<Split, String> {
@@ -179,6 +188,9 @@ fn selection_text(args: &EvalArgs, n: usize) -> String {
 #[derive(Serialize)]
 struct ReportConfig<'a> {
     agent: &'static str,
+    /// The scorer checkpoint evaluated (`--checkpoint`); absent for the untrained scorer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpoint: Option<String>,
     model: Option<&'a str>,
     adapter: Option<String>,
     llm_upstream: Option<&'a str>,
@@ -307,6 +319,17 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
             .with_context(|| format!("--model {}", args.model))?;
     }
+    if args.agent == AgentKind::Llm && args.checkpoint.is_some() {
+        bail!("--checkpoint is a scorer checkpoint (use it with --agent scorer)");
+    }
+    // Fail before loading any data when the checkpoint is missing or malformed.
+    let checkpoint = match &args.checkpoint {
+        Some(dir) => Some(agl_train::checkpoint::load(dir)?),
+        None => None,
+    };
+    let seed = checkpoint
+        .as_ref()
+        .map_or(args.seed, |c| c.config.training.seed);
     let policy =
         PolicyFile::resolve(&args.policy).with_context(|| format!("--policy {}", args.policy))?;
     let data = crate::train_cmd::data_dir(args.data.clone());
@@ -327,16 +350,19 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     let outcome = match args.agent {
         AgentKind::Llm => run_llm(&args, &rt, &dataset, &policy, &questions)?,
-        AgentKind::Scorer => run_scorer(&args, &rt, &dataset, &policy, &picked)?,
+        AgentKind::Scorer => {
+            run_scorer(&args, &rt, &dataset, &policy, &picked, checkpoint.as_ref())?
+        }
     };
     let seconds = started.elapsed().as_secs_f64();
-    print_table(&args, &outcome, seconds);
+    print_table(&args, &outcome, seconds, checkpoint.as_ref());
     if let Some(path) = &args.report {
         let split = args.split.as_str();
         let report = Report {
             agent: args.agent.name(),
-            seed: args.seed,
+            seed,
             config: ReportConfig {
+                checkpoint: args.checkpoint.as_ref().map(|p| p.display().to_string()),
                 agent: args.agent.name(),
                 model: (args.agent == AgentKind::Llm).then_some(args.model.as_str()),
                 adapter: args.adapter.as_ref().map(|p| p.display().to_string()),
@@ -674,6 +700,7 @@ fn run_scorer(
     dataset: &SpiderDataset,
     policy: &PolicyFile,
     picked: &[usize],
+    checkpoint: Option<&agl_train::Checkpoint>,
 ) -> anyhow::Result<Outcome> {
     let all = dataset.questions(args.split);
     let needed = picked.iter().max().map_or(0, |m| m + 1);
@@ -682,9 +709,18 @@ fn run_scorer(
         Split::Train => (Some(needed), Some(0)),
         Split::Dev => (Some(0), Some(needed)),
     };
-    let candidates = CandidateConfig {
-        seed: args.seed,
-        ..CandidateConfig::default()
+    let candidates = match checkpoint {
+        // the candidate sets the checkpoint's run was trained and evaluated on
+        Some(c) => CandidateConfig {
+            total: c.config.training.candidates,
+            distractors: c.config.training.distractors,
+            seed: c.config.training.seed,
+            ..CandidateConfig::default()
+        },
+        None => CandidateConfig {
+            seed: args.seed,
+            ..CandidateConfig::default()
+        },
     };
     let mut task = SpiderTask::prepare(
         dataset,
@@ -709,7 +745,7 @@ fn run_scorer(
     let kernel = Arc::new(build_kernel(&task, policy, GovernanceMode::Enforce, None)?);
     let config = TrainConfig {
         workers: args.workers,
-        seed: args.seed,
+        seed: candidates.seed,
         policy: args.policy.clone(),
         ..TrainConfig::default()
     };
@@ -723,8 +759,15 @@ fn run_scorer(
     let task = Arc::new(task);
     let result = rt.block_on(async {
         let session = Session::start(task.clone(), &config, kernel.clone(), kernel);
-        let model = initial_policy(args.seed)?;
-        let stats = session.evaluate(model.as_ref(), args.split).await;
+        let untrained;
+        let model: &dyn agl_train::PolicyModel = match checkpoint {
+            Some(c) => &c.scorer,
+            None => {
+                untrained = initial_policy(args.seed)?;
+                untrained.as_ref()
+            }
+        };
+        let stats = session.evaluate(model, args.split).await;
         let store = session.store().clone();
         session.shutdown().await?;
         let stats = stats?;
@@ -777,10 +820,21 @@ fn run_scorer(
     })
 }
 
-fn print_table(args: &EvalArgs, o: &Outcome, seconds: f64) {
-    let who = match &o.llm {
-        Some(l) => format!("llm agent, model `{}` ({})", l.model, l.upstream),
-        None => format!("scorer agent (untrained, seed {})", args.seed),
+fn print_table(
+    args: &EvalArgs,
+    o: &Outcome,
+    seconds: f64,
+    checkpoint: Option<&agl_train::Checkpoint>,
+) {
+    let who = match (&o.llm, checkpoint) {
+        (Some(l), _) => format!("llm agent, model `{}` ({})", l.model, l.upstream),
+        (None, Some(c)) => format!(
+            "scorer agent (checkpoint {}, step {}, seed {})",
+            c.dir.display(),
+            c.config.training.step,
+            c.config.training.seed
+        ),
+        (None, None) => format!("scorer agent (untrained, seed {})", args.seed),
     };
     println!(
         "\nagl eval: {who} on {} ({} questions)",

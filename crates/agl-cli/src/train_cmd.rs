@@ -1,6 +1,15 @@
 //! `agl train`: prepare the Spider task, run GRPO under governance (or both modes with
 //! `--compare`), evaluate on dev, print the comparison table and write the report, audit log
 //! and plot.
+//!
+//! Checkpoints of the scorer (formats and checks in `agl_train::checkpoint`):
+//! `--checkpoint-dir DIR [--checkpoint-every N]` saves `DIR/step-N/` after every N-th GRPO
+//! update (the trainer's loop unit: one batch of `--batch-questions` questions) and
+//! `DIR/final/` after the last one (with `--compare`, `DIR/audit/…` and `DIR/enforce/…`), each
+//! `model.safetensors` + `config.json`, written atomically. `--resume DIR` loads a `step-N` or
+//! `final` directory before anything else is prepared or written, refuses it (one line naming
+//! the file) when it is missing, malformed, of another architecture, or from another seed or
+//! governance mode, and continues counting from update N.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,8 +21,8 @@ use agl_gov::{FlightRecorder, GovernanceMode};
 use agl_spider::{CandidateConfig, ExecutorConfig, SpiderDataset, Split};
 use agl_store::LightningStore;
 use agl_train::{
-    EvalStats, GrpoConfig, RunReport, RunSpec, Session, SpiderTask, TaskConfig, TrainConfig,
-    build_kernel, initial_policy,
+    CheckpointPlan, EvalStats, GrpoConfig, RunOptions, RunReport, RunSpec, Session, SpiderTask,
+    TaskConfig, TrainConfig, build_kernel, initial_policy,
 };
 use anyhow::Context;
 use clap::Args;
@@ -103,6 +112,20 @@ pub struct TrainArgs {
     /// attempt is `unresponsive` and its rollout is retried (up to 3 attempts).
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
     unresponsive_seconds: f64,
+    /// Save the scorer's parameters under DIR: `DIR/step-N/` every --checkpoint-every GRPO
+    /// updates and `DIR/final/` at the end (each `model.safetensors` + `config.json`; with
+    /// --compare, under `DIR/audit/` and `DIR/enforce/`).
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// With --checkpoint-dir: also save after every N-th GRPO update (one update per
+    /// --batch-questions questions); without it, only `final`.
+    #[arg(long, value_name = "N")]
+    checkpoint_every: Option<usize>,
+    /// Continue a run from a checkpoint directory (a `step-N` or `final` of --checkpoint-dir):
+    /// load its parameters, skip the N updates it had done and train to the end of --epochs.
+    /// The run's --seed and --governance must be the checkpoint's.
+    #[arg(long, value_name = "DIR", conflicts_with = "compare")]
+    resume: Option<PathBuf>,
 }
 
 /// `agl runner` child processes of a training.
@@ -306,6 +329,28 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         ..TrainConfig::default()
     };
     config.validate()?;
+    // Checkpoints are checked before anything is prepared or written.
+    let mut resume = match &args.resume {
+        Some(dir) => Some(resume_checkpoint(dir, &args)?),
+        None => None,
+    };
+    if args.checkpoint_every == Some(0) {
+        anyhow::bail!("--checkpoint-every must be at least 1");
+    }
+    if args.checkpoint_every.is_some() && args.checkpoint_dir.is_none() {
+        anyhow::bail!("--checkpoint-every needs --checkpoint-dir DIR (where to save them)");
+    }
+    if let Some(dir) = args
+        .checkpoint_dir
+        .as_ref()
+        .filter(|d| d.exists() && !d.is_dir())
+    {
+        anyhow::bail!(
+            "--checkpoint-dir {}: not a directory (name a directory to save checkpoints in)",
+            dir.display()
+        );
+    }
+    let mut saved: Vec<(PathBuf, usize)> = Vec::new();
     // The runtime and the store come first so a bad `--store` fails before the data is
     // prepared; the store is opened inside the runtime so its background watchdog runs.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -467,6 +512,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 (config.epochs * task.train.len() * config.grpo.group_size) as u64,
             );
             let mut on_progress = |p: &agl_train::Progress| {
+                bar.set_length(p.total);
                 bar.set_position(p.done);
                 bar.set_message(format!(
                     "reward {:>6.2}  violations {:>5.1}%  {:>5.0} rollouts/s",
@@ -475,14 +521,51 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                     p.rollouts_per_second
                 ));
             };
+            let checkpoints = args.checkpoint_dir.as_ref().map(|dir| CheckpointPlan {
+                dir: if args.compare {
+                    dir.join(mode_name(*mode))
+                } else {
+                    dir.clone()
+                },
+                every: args.checkpoint_every.unwrap_or(0),
+                governance: *mode,
+                candidates: candidates.total,
+                distractors: candidates.distractors,
+            });
+            let (policy, options) = match resume.take() {
+                Some(ckpt) => {
+                    let step = ckpt.config.training.step;
+                    let last = config.epochs * task.train.len().div_ceil(args.batch_questions);
+                    eprintln!("resuming from {} (step {step})", ckpt.dir.display());
+                    if step >= last {
+                        eprintln!(
+                            "note: --epochs {} ends at update {last}, and the checkpoint is at \
+                             update {step}: nothing to train (raise --epochs to go on)",
+                            config.epochs
+                        );
+                    }
+                    let options = RunOptions {
+                        start_step: ckpt.config.training.step,
+                        reference: Some(initial_policy(config.seed)?),
+                        checkpoints: checkpoints.clone(),
+                    };
+                    (
+                        Box::new(ckpt.scorer) as Box<dyn agl_train::PolicyModel>,
+                        options,
+                    )
+                }
+                None => (
+                    initial_policy(config.seed)?,
+                    RunOptions {
+                        checkpoints: checkpoints.clone(),
+                        ..RunOptions::default()
+                    },
+                ),
+            };
+            let start_step = options.start_step;
             let report = guarded(
                 &runners,
-                agl_train::train(
-                    &session,
-                    &config,
-                    initial_policy(config.seed)?,
-                    &mut on_progress,
-                ),
+                agl_train::train_with(&session, &config, policy, options, &mut on_progress),
             )
             .await;
             bar.finish_and_clear();
@@ -495,6 +578,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 report.train.violation_rate,
                 report.dev.accuracy
             );
+            if let Some(plan) = checkpoints {
+                let step = report.curve.last().map_or(start_step, |c| c.step);
+                saved.push((plan.dir.join(agl_train::checkpoint::FINAL), step));
+            }
             runs.push((*mode, report));
         }
         if let Some(r) = runners.lock().ok().and_then(|mut r| r.take()) {
@@ -533,6 +620,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         write_file(path, &serde_json::to_vec_pretty(&report)?)?;
         println!("report: {}", path.display());
     }
+    for (dir, step) in &saved {
+        println!("checkpoint: {} (step {step})", dir.display());
+    }
     if let Some(r) = &recorder {
         r.flush()?;
         println!(
@@ -570,6 +660,32 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     }
     println!("total time: {:.1} s", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the `--resume` checkpoint and checks that it continues this run (same seed and
+/// governance mode); the error names the checkpoint's file and the flag to change.
+fn resume_checkpoint(dir: &Path, args: &TrainArgs) -> anyhow::Result<agl_train::Checkpoint> {
+    let ckpt = agl_train::checkpoint::load(dir)?;
+    let config = dir.join(agl_train::checkpoint::CONFIG_FILE);
+    let t = &ckpt.config.training;
+    anyhow::ensure!(
+        t.seed == args.seed,
+        "{}: training.seed is {} but --seed is {} (pass --seed {} to continue that run)",
+        config.display(),
+        t.seed,
+        args.seed,
+        t.seed
+    );
+    anyhow::ensure!(
+        t.governance == args.governance,
+        "{}: training.governance is {} but --governance is {} (pass --governance {} to \
+         continue that run)",
+        config.display(),
+        mode_name(t.governance),
+        mode_name(args.governance),
+        mode_name(t.governance)
+    );
+    Ok(ckpt)
 }
 
 /// Opens (or continues) the flight-recorder database at `path`, keyed when

@@ -31,6 +31,10 @@ pub const HASH_BUCKETS: usize = 8192;
 pub const DENSE_FEATURES: usize = 8;
 /// Length of one feature vector.
 pub const FEATURE_DIM: usize = HASH_BUCKETS + DENSE_FEATURES;
+/// Name of the feature layout above, recorded in scorer checkpoints (`model.features` of
+/// `config.json`): a checkpoint trained on another layout is refused. Change it whenever the
+/// layout or the hashing changes.
+pub const FEATURES_VERSION: &str = "agl-features-v1";
 
 /// A sparse feature vector: sorted `(index, value)` pairs with distinct indices < `FEATURE_DIM`.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -123,8 +123,19 @@ pub struct Grpo {
 impl Grpo {
     /// Wraps `policy`; its current weights become the reference policy.
     pub fn new(policy: Box<dyn PolicyModel>, config: GrpoConfig) -> Result<Self, TrainError> {
-        config.validate()?;
         let reference = policy.frozen_copy()?;
+        Self::with_reference(policy, reference, config)
+    }
+
+    /// Wraps `policy` with an explicit reference policy, which the optimiser never updates (a
+    /// resumed run keeps its initial policy as the reference). The optimiser starts fresh:
+    /// AdamW moments are not checkpointed.
+    pub fn with_reference(
+        policy: Box<dyn PolicyModel>,
+        reference: Box<dyn PolicyModel>,
+        config: GrpoConfig,
+    ) -> Result<Self, TrainError> {
+        config.validate()?;
         let optimizer = AdamW::new(
             policy.vars(),
             ParamsAdamW {

@@ -12,11 +12,15 @@
 //! is near uniform, and hash buckets never seen in training add little noise), so the same seed
 //! gives the same initial policy on every machine. Only composed candle ops with backward passes
 //! are used (no fused softmax/norm kernels).
+//!
+//! The variables keep these names (`w1`, `b1`, `w2`, `wl`, `c`) in checkpoints
+//! ([`PolicyModel::named_vars`]; saving and loading live in `checkpoint`).
 
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::checkpoint::ModelSpec;
 use crate::features::{FEATURE_DIM, SparseFeatures};
 
 /// A scoring policy over candidate actions.
@@ -31,6 +35,11 @@ pub trait PolicyModel: Send {
     }
     /// A detached copy whose weights no longer change (the GRPO reference policy).
     fn frozen_copy(&self) -> candle_core::Result<Box<dyn PolicyModel>>;
+    /// The architecture and the variables by name, as a checkpoint stores them (see
+    /// `checkpoint`); `None` (the default) for a model that cannot be checkpointed.
+    fn named_vars(&self) -> Option<(ModelSpec, Vec<(&'static str, Var)>)> {
+        None
+    }
 }
 
 /// The default scorer (see the module docs for the architecture).
@@ -78,6 +87,40 @@ impl Scorer {
     }
 }
 
+impl Scorer {
+    /// Tensor names and shapes of the scorer's variables, in checkpoint order:
+    /// `w1 [FEATURE_DIM, HIDDEN]`, `b1 [HIDDEN]`, `w2 [HIDDEN, 1]`, `wl [FEATURE_DIM, 1]`,
+    /// `c [1]` (all f32).
+    pub fn tensor_shapes() -> [(&'static str, Vec<usize>); 5] {
+        let h = Self::HIDDEN;
+        [
+            ("w1", vec![FEATURE_DIM, h]),
+            ("b1", vec![h]),
+            ("w2", vec![h, 1]),
+            ("wl", vec![FEATURE_DIM, 1]),
+            ("c", vec![1]),
+        ]
+    }
+
+    /// A scorer with the given weights, in the order and shapes of [`Scorer::tensor_shapes`]
+    /// (the caller checks the shapes; `checkpoint::load` does).
+    pub(crate) fn from_tensors(
+        w1: &Tensor,
+        b1: &Tensor,
+        w2: &Tensor,
+        wl: &Tensor,
+        c: &Tensor,
+    ) -> candle_core::Result<Self> {
+        Ok(Self {
+            w1: Var::from_tensor(w1)?,
+            b1: Var::from_tensor(b1)?,
+            w2: Var::from_tensor(w2)?,
+            wl: Var::from_tensor(wl)?,
+            c: Var::from_tensor(c)?,
+        })
+    }
+}
+
 impl PolicyModel for Scorer {
     fn scores(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let hidden = x
@@ -108,6 +151,19 @@ impl PolicyModel for Scorer {
             wl: copy(&self.wl)?,
             c: copy(&self.c)?,
         }))
+    }
+
+    fn named_vars(&self) -> Option<(ModelSpec, Vec<(&'static str, Var)>)> {
+        Some((
+            ModelSpec::scorer(),
+            vec![
+                ("w1", self.w1.clone()),
+                ("b1", self.b1.clone()),
+                ("w2", self.w2.clone()),
+                ("wl", self.wl.clone()),
+                ("c", self.c.clone()),
+            ],
+        ))
     }
 }
 

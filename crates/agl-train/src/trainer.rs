@@ -6,6 +6,10 @@
 //! evaluate on the dev split (greedy choice, kernel enforcing). Not responsible for printing or
 //! files (the CLI does that).
 //!
+//! Checkpoints ([`RunOptions`], `checkpoint`): with a [`CheckpointPlan`] the run saves the
+//! policy as `step-N` every N GRPO updates and as `final` after the last update (before the dev
+//! evaluation); a run resumed at step N skips the updates already done and goes on counting.
+//!
 //! Determinism: the trainer samples every action with a ChaCha8 generator seeded by `seed`, and
 //! results are read back in enqueue order, so the same seed gives the same policy, curves and
 //! metrics whatever the number of workers (timings aside).
@@ -28,6 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::adapter::{RolloutResult, rollout_result};
+use crate::checkpoint::{self, CheckpointPlan, TrainingState};
 use crate::error::TrainError;
 use crate::grpo::{Grpo, GrpoConfig, greedy};
 use crate::model::{FeatureBatch, PolicyModel, Scorer};
@@ -441,29 +446,105 @@ pub fn initial_policy(seed: u64) -> Result<Box<dyn PolicyModel>, TrainError> {
 }
 
 /// Trains one run in `session` and evaluates it on dev. `on_progress` is called after every
-/// update.
+/// update. The same as [`train_with`] with default [`RunOptions`] (a fresh run, no
+/// checkpoints).
 pub async fn train(
     session: &Session,
     config: &TrainConfig,
     policy: Box<dyn PolicyModel>,
     on_progress: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<RunReport, TrainError> {
+    train_with(session, config, policy, RunOptions::default(), on_progress).await
+}
+
+/// Where a run starts and which checkpoints it writes ([`train_with`]).
+///
+/// The trainer's loop unit is the GRPO update (one batch of `batch_questions` questions, G
+/// rollouts each); an epoch is `ceil(train questions / batch_questions)` updates, and updates
+/// are numbered from 1 across epochs (the curve's `step`).
+#[derive(Default)]
+pub struct RunOptions {
+    /// Updates already done (a run resumed from a checkpoint at this step; 0: a fresh run).
+    /// The run's schedule is the same as a fresh run's: updates `1..=start_step` are skipped
+    /// (their question order and sampling draws are replayed from the seed, without rollouts)
+    /// and training continues with update `start_step + 1` until `epochs` epochs are complete.
+    /// The optimiser's moments start fresh (they are not checkpointed).
+    pub start_step: usize,
+    /// The KL reference policy; `None`: the starting policy itself (right for a fresh run; a
+    /// resumed run passes its seed's [`initial_policy`]).
+    pub reference: Option<Box<dyn PolicyModel>>,
+    /// The checkpoints to write (`step-N` every `every` updates, `final` before the dev
+    /// evaluation); `None`: none.
+    pub checkpoints: Option<CheckpointPlan>,
+}
+
+/// Trains one run in `session` from `policy` as `options` say (resume, checkpoints) and
+/// evaluates it on dev. `on_progress` is called after every update.
+///
+/// # Errors
+/// Besides the run's own errors, [`TrainError::Checkpoint`] / [`TrainError::Io`] when a
+/// checkpoint cannot be written (the run stops there).
+pub async fn train_with(
+    session: &Session,
+    config: &TrainConfig,
+    policy: Box<dyn PolicyModel>,
+    options: RunOptions,
+    on_progress: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<RunReport, TrainError> {
     config.validate()?;
     let task = session.task.clone();
-    let mut grpo = Grpo::new(policy, config.grpo.clone())?;
+    if let Some(plan) = &options.checkpoints
+        && plan.dir.exists()
+        && !plan.dir.is_dir()
+    {
+        return Err(TrainError::Checkpoint {
+            path: plan.dir.clone(),
+            message: "not a directory (--checkpoint-dir must name a directory)".into(),
+        });
+    }
+    let mut grpo = match options.reference {
+        Some(reference) => Grpo::with_reference(policy, reference, config.grpo.clone())?,
+        None => Grpo::new(policy, config.grpo.clone())?,
+    };
     let g = config.grpo.group_size;
+    let bq = config.grpo.batch_questions;
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
     let n_train = task.train.len();
-    let total = (config.epochs * n_train * g) as u64;
+    let updates_per_epoch = n_train.div_ceil(bq);
+    let start_step = options.start_step;
+    // Questions of the update at position `p` of an epoch (the last batch may be short).
+    let batch_len = |p: usize| bq.min(n_train.saturating_sub(p * bq));
+    let total = (start_step..config.epochs * updates_per_epoch)
+        .map(|s| (batch_len(s % updates_per_epoch) * g) as u64)
+        .sum::<u64>();
+    let training_state = |step: usize, plan: &CheckpointPlan| TrainingState {
+        step,
+        epoch: step / updates_per_epoch.max(1),
+        updates_per_epoch: updates_per_epoch.max(1),
+        seed: config.seed,
+        governance: plan.governance,
+        policy: config.policy.clone(),
+        candidates: plan.candidates,
+        distractors: plan.distractors,
+    };
     let started = Instant::now();
     let mut stats = TrainStats::default();
     let (mut reward_sum, mut violations, mut correct) = (0.0, 0u64, 0u64);
     let mut curve = Vec::new();
     let mut order: Vec<usize> = (0..n_train).collect();
-    let mut version = 0usize;
+    let mut step = 0usize;
     for _epoch in 0..config.epochs {
         order.shuffle(&mut rng);
-        for batch_ids in order.chunks(config.grpo.batch_questions) {
+        for batch_ids in order.chunks(bq) {
+            step += 1;
+            if step <= start_step {
+                // Done before the checkpoint: replay its sampling draws (one per action, see
+                // `sample`) so the following updates see a fresh run's batches and draws.
+                for _ in 0..batch_ids.len() * g {
+                    let _: f64 = rng.random();
+                }
+                continue;
+            }
             let sets: Vec<&[_]> = batch_ids
                 .iter()
                 .map(|&i| task.train[i].features.as_slice())
@@ -484,13 +565,12 @@ pub async fn train(
                 }));
                 actions.push(picks);
             }
-            version += 1;
-            let resources_id = format!("policy-v{version}");
+            let resources_id = format!("policy-v{step}");
             session
                 .store
                 .update_resources(
                     &resources_id,
-                    policy_resources(version, config.seed, session.spec.as_ref()),
+                    policy_resources(step, config.seed, session.spec.as_ref()),
                 )
                 .await?;
             let results = session
@@ -516,7 +596,7 @@ pub async fn train(
             stats.rollouts += results.len() as u64;
             let bn = results.len().max(1) as f64;
             curve.push(CurvePoint {
-                step: curve.len() + 1,
+                step,
                 rollouts: stats.rollouts,
                 reward: b_reward / bn,
                 violation_rate: b_viol as f64 / bn,
@@ -530,7 +610,26 @@ pub async fn train(
                 violation_rate: violations as f64 / n,
                 rollouts_per_second: n / started.elapsed().as_secs_f64().max(1e-9),
             });
+            if let Some(plan) = &options.checkpoints
+                && plan.every > 0
+                && step.is_multiple_of(plan.every)
+            {
+                checkpoint::save(
+                    &plan.dir,
+                    &checkpoint::step_name(step),
+                    grpo.policy(),
+                    &training_state(step, plan),
+                )?;
+            }
         }
+    }
+    if let Some(plan) = &options.checkpoints {
+        checkpoint::save(
+            &plan.dir,
+            checkpoint::FINAL,
+            grpo.policy(),
+            &training_state(step.max(start_step), plan),
+        )?;
     }
     let n = stats.rollouts.max(1) as f64;
     stats.mean_reward = reward_sum / n;
