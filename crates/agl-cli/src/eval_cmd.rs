@@ -30,21 +30,22 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agl_core::{EnqueueRolloutRequest, LlmResource, NamedResources, Resource, RolloutMode};
+use agl_core::RolloutMode;
 use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile, TableStats};
 use agl_spider::{CandidateConfig, ExecutorConfig, Question, SpiderDataset, Split, db_info};
-use agl_store::{InMemoryLightningStore, LightningStore, RolloutQuery};
+use agl_store::RolloutQuery;
 use agl_train::{
-    CancellationToken, EvalStats, GovernedRunner, LlmSqlAgent, PolicyCounts, RewardConfig, Session,
-    SpiderTask, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, TaskConfig, TrainConfig, build_kernel,
-    initial_policy, rollout_result, sql_agent_reward, sql_eval_row,
+    EvalStats, LlmSqlAgent, PolicyCounts, RewardConfig, Session, SpiderTask, SqlAgentConfig,
+    SqlEvalRow, SqlEvalSummary, TaskConfig, TrainConfig, build_kernel, initial_policy,
+    rollout_result, sql_agent_reward,
 };
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::llm_cmd::Weights;
+use crate::llm_rollouts::{BatchPlan, LlmStage, progress_bar};
 
 /// Which agent `agl eval` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -440,17 +441,6 @@ fn start_engine(
     Ok((started.engine, upstream, model))
 }
 
-fn progress_bar(total: u64) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    let style =
-        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos:>5}/{len} {msg} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix("eval");
-    bar
-}
-
 fn run_llm(
     args: &EvalArgs,
     rt: &tokio::runtime::Runtime,
@@ -493,31 +483,41 @@ fn run_llm(
         },
     )?);
     let result = rt.block_on(async {
-        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
-        let gateway = agl_server::GatewayConfig {
+        let stage = LlmStage::start(
             upstream,
-            kernel: Some(kernel.clone()),
-            request_timeout: Duration::from_secs_f64(args.request_timeout),
-        };
-        let config = agl_server::ServerConfig {
-            port: 0,
-            ..agl_server::ServerConfig::default()
-        };
-        let server = agl_server::start_with_gateway(store.clone(), config, Some(gateway))
-            .await
-            .context("starting the store server with the LLM gateway")?;
-        let outcome = eval_llm(
-            args,
-            &store,
-            &server.url(),
             kernel,
             agent,
-            &model,
-            questions,
+            Arc::new(sql_agent_reward(RewardConfig::default())),
+            Duration::from_secs_f64(args.request_timeout),
         )
-        .await;
-        server.shutdown().await?;
-        let (rows, seconds) = outcome?;
+        .await?;
+        let plan = BatchPlan {
+            resources_id: "agl-eval".into(),
+            model: model.clone(),
+            temperature: args.temperature,
+            max_tokens: args.max_tokens,
+            seed: Some(args.seed),
+            mode: RolloutMode::Test,
+            workers: args.workers,
+        };
+        let bar = progress_bar(questions.len() as u64, "eval");
+        let (mut correct, mut violating, mut done) = (0usize, 0usize, 0usize);
+        let outcome = stage
+            .run(&plan, questions, &bar, |row| {
+                done += 1;
+                correct += usize::from(row.correct);
+                violating += usize::from(!row.sql_violations.is_empty());
+                bar.set_message(format!(
+                    "accuracy {:.3}  violations {:>5.1}%",
+                    correct as f64 / done as f64,
+                    100.0 * violating as f64 / done as f64
+                ));
+            })
+            .await;
+        bar.finish_and_clear();
+        stage.shutdown().await?;
+        let (finished, seconds) = outcome?;
+        let rows: Vec<SqlEvalRow> = finished.into_iter().map(|f| f.row).collect();
         Ok::<_, anyhow::Error>((rows, seconds))
     });
     if let Some(engine) = engine {
@@ -552,146 +552,6 @@ fn run_llm(
         }),
         rows: Rows::Llm(rows),
     })
-}
-
-/// Enqueues one rollout per question, serves them with `--workers` governed runners, and reads
-/// them back; returns the rows in question order and the seconds the rollouts took.
-async fn eval_llm(
-    args: &EvalArgs,
-    store: &Arc<dyn LightningStore>,
-    url: &str,
-    kernel: Arc<Kernel>,
-    agent: Arc<LlmSqlAgent>,
-    model: &str,
-    questions: &[Question],
-) -> anyhow::Result<(Vec<SqlEvalRow>, f64)> {
-    let mut sampling = serde_json::Map::new();
-    sampling.insert("temperature".into(), serde_json::json!(args.temperature));
-    sampling.insert("max_tokens".into(), serde_json::json!(args.max_tokens));
-    sampling.insert("seed".into(), serde_json::json!(args.seed));
-    let mut resources = NamedResources::new();
-    resources.insert(
-        "main_llm".into(),
-        Resource::ProxyLlm(LlmResource {
-            endpoint: format!("{url}/v1"),
-            model: model.to_string(),
-            api_key: None,
-            sampling_parameters: sampling,
-        }),
-    );
-    let resources_id = "agl-eval";
-    store.update_resources(resources_id, resources).await?;
-    let requests = questions
-        .iter()
-        .map(|q| {
-            let mut r = EnqueueRolloutRequest::new(serde_json::to_value(q)?);
-            r.mode = Some(RolloutMode::Test);
-            r.resources_id = Some(resources_id.to_string());
-            Ok(r)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let ids: Vec<String> = store
-        .enqueue_many(requests)
-        .await?
-        .into_iter()
-        .map(|r| r.rollout_id)
-        .collect();
-
-    let started = Instant::now();
-    let stop = CancellationToken::new();
-    let reward = Arc::new(sql_agent_reward(RewardConfig::default()));
-    let pid = std::process::id();
-    let mut workers = Vec::new();
-    for i in 0..args.workers.min(ids.len()) {
-        let mut runner = GovernedRunner::new(kernel.clone())
-            .log_violations(false)
-            .with_reward(reward.clone());
-        runner.init_shared(agent.clone());
-        runner.init_worker(format!("Eval-{pid}-{i}"), store.clone());
-        let stop = stop.clone();
-        workers.push(tokio::spawn(async move { runner.iter(&stop).await }));
-    }
-
-    let bar = progress_bar(ids.len() as u64);
-    let mut seen: HashSet<String> = HashSet::new();
-    let (mut correct, mut violating) = (0usize, 0usize);
-    let mut failure = None;
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        for r in store.wait_for_rollouts(&ids, Some(Duration::ZERO)).await? {
-            if !seen.insert(r.rollout_id.clone()) {
-                continue;
-            }
-            if let Some(meta) = store
-                .get_latest_attempt(&r.rollout_id)
-                .await?
-                .and_then(|a| a.metadata)
-            {
-                correct += usize::from(
-                    meta.get("output")
-                        .and_then(|o| o.get("correct"))
-                        .and_then(serde_json::Value::as_bool)
-                        .unwrap_or(false),
-                );
-                violating += usize::from(
-                    meta.get("violations")
-                        .and_then(serde_json::Value::as_u64)
-                        .is_some_and(|v| v > 0),
-                );
-            }
-        }
-        let done = seen.len().max(1) as f64;
-        bar.set_position(seen.len() as u64);
-        bar.set_message(format!(
-            "accuracy {:.3}  violations {:>5.1}%",
-            correct as f64 / done,
-            100.0 * violating as f64 / done
-        ));
-        if let Some(i) = workers.iter().position(|w| w.is_finished()) {
-            let w = workers.swap_remove(i);
-            match w.await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => failure = Some(format!("a runner worker failed: {e}")),
-                Err(e) => failure = Some(format!("a runner worker stopped: {e}")),
-            }
-            if failure.is_some() {
-                stop.cancel();
-                break;
-            }
-        }
-        // A worker returns once the queue is empty, after reporting its last rollout: when
-        // none is left, every rollout is finished.
-        if workers.is_empty() || seen.len() == ids.len() {
-            break;
-        }
-    }
-    bar.finish_and_clear();
-    for w in workers {
-        match w.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                failure.get_or_insert(format!("a runner worker failed: {e}"));
-            }
-            Err(e) => {
-                failure.get_or_insert(format!("a runner worker stopped: {e}"));
-            }
-        }
-    }
-    if let Some(f) = failure {
-        bail!(f);
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let mut rows = Vec::with_capacity(ids.len());
-    for id in &ids {
-        let rollout = store
-            .get_rollout_by_id(id)
-            .await?
-            .with_context(|| format!("rollout {id} disappeared from the store"))?;
-        let attempt = store.get_latest_attempt(id).await?;
-        let spans = store.list_spans(id, Some("latest")).await?;
-        rows.push(sql_eval_row(&rollout, attempt.as_ref(), &spans));
-    }
-    Ok((rows, seconds))
 }
 
 fn run_scorer(

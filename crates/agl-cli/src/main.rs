@@ -8,6 +8,7 @@ mod gateway_args;
 mod gateway_bench;
 mod llm_bench;
 mod llm_cmd;
+mod llm_rollouts;
 mod model_cmd;
 mod plot;
 mod policy_cmd;
@@ -16,6 +17,7 @@ mod server_bench;
 mod store_bench;
 mod store_cmd;
 mod train_cmd;
+mod train_llm;
 mod triplets_cmd;
 
 use std::process::ExitCode;

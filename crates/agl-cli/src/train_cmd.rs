@@ -32,6 +32,12 @@ use serde::Serialize;
 /// Arguments of `agl train`.
 #[derive(Debug, Args)]
 pub struct TrainArgs {
+    /// What learns: `scorer` (the built-in candidate-choosing policy) or `llm` (the SQL-writing
+    /// LLM agent: LoRA GRPO through the gateway; see the --agent llm flags).
+    #[arg(long, value_enum, default_value = "scorer")]
+    agent: TrainAgent,
+    #[command(flatten)]
+    llm: crate::train_llm::LlmTrainArgs,
     /// Spider data directory [default: the vendored data/spider of this repository].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
@@ -50,15 +56,17 @@ pub struct TrainArgs {
     /// Questions per GRPO update.
     #[arg(long, default_value_t = 32)]
     batch_questions: usize,
-    /// AdamW learning rate.
-    #[arg(long, default_value_t = 0.01)]
-    lr: f64,
-    /// KL coefficient to the initial policy.
-    #[arg(long, default_value_t = 0.04)]
-    kl_beta: f64,
-    /// Runner workers.
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
+    /// AdamW learning rate [default: 0.01 for the scorer, 1e-4 for --agent llm].
+    #[arg(long)]
+    lr: Option<f64>,
+    /// KL coefficient to the initial policy [default: 0.04 for the scorer, 0 for --agent llm
+    /// (no reference forward, as DAPO and TRL)].
+    #[arg(long)]
+    kl_beta: Option<f64>,
+    /// Runner workers [default: 2 for the scorer; for --agent llm, 8 concurrent agents so
+    /// the engine batches their calls].
+    #[arg(long)]
+    workers: Option<usize>,
     /// Seed of the candidate sets, the policy initialisation and the sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -298,7 +306,48 @@ fn mode_name(m: GovernanceMode) -> &'static str {
 }
 
 /// Runs `agl train`.
+/// What `agl train` trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TrainAgent {
+    /// The built-in candidate scorer.
+    Scorer,
+    /// The SQL-writing LLM agent (LoRA GRPO).
+    Llm,
+}
+
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
+    if args.agent == TrainAgent::Llm {
+        let shared = crate::train_llm::SharedArgs {
+            data: data_dir(args.data.clone()),
+            seed: args.seed,
+            group_size: args.group_size,
+            lr: args
+                .lr
+                .unwrap_or(agl_train::LlmGrpoConfig::default().learning_rate),
+            kl_beta: args.kl_beta.unwrap_or(0.0),
+            workers: args.workers.unwrap_or(8),
+            policy: args.policy.clone(),
+            governance: args.governance,
+            compare: args.compare,
+            report: args.report.clone(),
+            plot: args.plot.clone(),
+            checkpoint_dir: args.checkpoint_dir.clone(),
+            checkpoint_every: args.checkpoint_every,
+            resume: args.resume.clone(),
+            sql_timeout: args.sql_timeout,
+            limit: args.limit,
+        };
+        if !(shared.sql_timeout > 0.0 && shared.sql_timeout.is_finite()) {
+            anyhow::bail!("--sql-timeout must be a positive number of seconds");
+        }
+        if args.store_url.is_some() || args.runner_processes > 0 || args.audit_log.is_some() {
+            anyhow::bail!(
+                "--store-url, --runner-processes and --audit-log apply to --agent scorer; \
+                 --agent llm runs its store, gateway and runners in this process"
+            );
+        }
+        return crate::train_llm::run(shared, args.llm);
+    }
     let started = Instant::now();
     let data = data_dir(args.data.clone());
     if !data.is_dir() {
@@ -314,16 +363,17 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--sql-timeout must be a positive number of seconds");
     }
     let policy = agl_gov::PolicyFile::resolve(&args.policy)?;
+    let workers = args.workers.unwrap_or(2);
     let config = TrainConfig {
         policy: args.policy.clone(),
         epochs: args.epochs,
-        workers: args.workers,
+        workers,
         seed: args.seed,
         grpo: GrpoConfig {
             group_size: args.group_size,
             batch_questions: args.batch_questions,
-            learning_rate: args.lr,
-            kl_beta: args.kl_beta,
+            learning_rate: args.lr.unwrap_or(GrpoConfig::default().learning_rate),
+            kl_beta: args.kl_beta.unwrap_or(GrpoConfig::default().kl_beta),
             ..GrpoConfig::default()
         },
         ..TrainConfig::default()
@@ -359,7 +409,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     anyhow::ensure!(
-        args.workers > 0 || (args.store_url.is_some() && args.runner_processes == 0),
+        workers > 0 || (args.store_url.is_some() && args.runner_processes == 0),
         "--workers 0 runs no rollouts here: it needs --store-url URL with `agl runner` \
          processes serving that store (with --runner-processes, --workers is per process)"
     );
@@ -422,7 +472,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         candidates,
         limit: args.limit,
         dev_limit: args.dev_limit,
-        threads: args.workers.max(1),
+        threads: workers.max(1),
         executor: ExecutorConfig {
             timeout: Duration::from_secs_f64(args.sql_timeout),
         },
@@ -457,7 +507,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         (Some(url), n) if n > 0 => Some(RunnerProcesses::spawn(
             n,
             url,
-            args.workers,
+            workers,
             &data,
             args.token.auth_token.as_deref(),
             args.audit_log.as_deref(),

@@ -53,7 +53,7 @@ use crate::error::TrainError;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmGrpoConfig {
-    /// AdamW learning rate (default 2e-5).
+    /// AdamW learning rate (default 1e-4: LoRA on a small model, short CPU runs).
     pub learning_rate: f64,
     /// AdamW weight decay (default 0.0).
     pub weight_decay: f64,
@@ -75,7 +75,7 @@ pub struct LlmGrpoConfig {
 impl Default for LlmGrpoConfig {
     fn default() -> Self {
         Self {
-            learning_rate: 2e-5,
+            learning_rate: 1e-4,
             weight_decay: 0.0,
             clip_low: 0.2,
             clip_high: 0.28,

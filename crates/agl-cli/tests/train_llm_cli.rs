@@ -1,0 +1,222 @@
+//! `agl train --agent llm` through the real binary and the real model: bad flags are one-line
+//! errors; a short run (one step, one task, G = 2) leaves an adapter in PEFT's layout that
+//! `agl eval --adapter` evaluates, `agl llm serve --adapter` serves and `--resume` continues.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn agl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agl"))
+        .args(args)
+        .env_remove("AGL_DATA")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .output()
+        .expect("run agl")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
+    assert!(
+        lines[0].contains(needle),
+        "{err:?} should mention {needle:?}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+fn model_available() -> bool {
+    let o = agl(&["model", "pull", "smollm2-135m-instruct"]);
+    if !o.status.success() {
+        eprintln!(
+            "SKIP: the built-in model is unobtainable here: {}",
+            stderr(&o)
+        );
+    }
+    o.status.success()
+}
+
+#[test]
+fn bad_llm_training_flags_are_one_line_errors() {
+    let o = agl(&["train", "--agent", "llm", "--steps", "0"]);
+    assert_one_line_error(&o, 1, "--steps must be at least 1");
+    let o = agl(&["train", "--agent", "llm", "--train-roles", "writer"]);
+    assert_one_line_error(&o, 1, "unknown role `writer`");
+    let o = agl(&["train", "--agent", "llm", "--lora-targets", "q,x"]);
+    assert_one_line_error(&o, 1, "unknown module `x`");
+    let o = agl(&["train", "--agent", "llm", "--temperature", "0"]);
+    assert_one_line_error(&o, 1, "--temperature");
+    let o = agl(&["train", "--agent", "llm", "--group-size", "1"]);
+    assert_one_line_error(&o, 1, "--group-size must be at least 2");
+    let o = agl(&["train", "--agent", "llm", "--runner-processes", "2"]);
+    assert_one_line_error(&o, 1, "apply to --agent scorer");
+    let o = agl(&["train", "--agent", "llm", "--model", "no-such-model"]);
+    assert_one_line_error(&o, 1, "--model no-such-model");
+    let dir = tempfile::tempdir().unwrap();
+    let o = agl(&[
+        "train",
+        "--agent",
+        "llm",
+        "--resume",
+        dir.path().to_str().unwrap(),
+    ]);
+    if model_available() {
+        assert_one_line_error(&o, 1, "trainer_state.json");
+    }
+}
+
+/// The first `/v1/models` answer of `agl llm serve --adapter policy=DIR`.
+fn served_models(adapter: &Path) -> Value {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agl"))
+        .args(["llm", "serve", "--port", "0", "--adapter"])
+        .arg(format!("policy={}", adapter.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+        .to_string();
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
+}
+
+#[test]
+fn a_short_run_leaves_an_adapter_that_eval_serve_and_resume_use() {
+    if !model_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let report = dir.path().join("report.json");
+    let common = [
+        "--tasks-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "8",
+        "--eval-limit",
+        "1",
+        "--workers",
+        "2",
+        "--limit",
+        "4",
+        "--lr",
+        "1e-3",
+    ];
+    let mut args = vec!["train", "--agent", "llm", "--steps", "1"];
+    args.extend(common);
+    args.extend([
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    let o = agl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["agent"], "llm");
+    assert_eq!(r["untrained"]["dev"]["questions"], 1);
+    let run = &r["runs"]["enforce"];
+    assert_eq!(run["curve"].as_array().unwrap().len(), 1);
+    assert_eq!(run["train"]["rollouts"], 2);
+    assert_eq!(run["dev"]["questions"], 1);
+    let point = &run["curve"][0];
+    assert_eq!(
+        point["update"]["samples"], 2,
+        "one sample per rollout: {point}"
+    );
+    assert_eq!(point["stale_calls"], 0);
+    assert_eq!(point["refused_calls"], 0);
+    let fin = ckpt.join("final");
+    assert_eq!(run["adapter"], fin.display().to_string());
+    for f in [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(fin.join(f).is_file(), "{f} missing in {}", fin.display());
+    }
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(fin.join("trainer_state.json")).unwrap()).unwrap();
+    assert_eq!(state["step"], 1);
+
+    // agl eval --adapter evaluates the checkpoint.
+    let eval_report = dir.path().join("eval.json");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "llm",
+        "--adapter",
+        fin.to_str().unwrap(),
+        "--limit",
+        "1",
+        "--max-turns",
+        "1",
+        "--max-tokens",
+        "8",
+        "--report",
+        eval_report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e: Value = serde_json::from_slice(&std::fs::read(&eval_report).unwrap()).unwrap();
+    assert_eq!(e["config"]["adapter"], fin.display().to_string());
+    assert_eq!(e["dev"]["questions"], 1);
+
+    // agl llm serve --adapter serves it next to the base model.
+    let models = served_models(&fin);
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert!(ids.contains(&"policy"), "{models}");
+
+    // --resume continues counting from the checkpoint's step.
+    let report2 = dir.path().join("report2.json");
+    let mut args = vec!["train", "--agent", "llm", "--steps", "2"];
+    args.extend(common);
+    args.extend([
+        "--resume",
+        fin.to_str().unwrap(),
+        "--checkpoint-dir",
+        dir.path().join("ckpt2").to_str().unwrap(),
+        "--report",
+        report2.to_str().unwrap(),
+    ]);
+    let o = agl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r2: Value = serde_json::from_slice(&std::fs::read(&report2).unwrap()).unwrap();
+    let curve = r2["runs"]["enforce"]["curve"].as_array().unwrap();
+    assert_eq!(curve.len(), 1);
+    assert_eq!(curve[0]["step"], 2);
+}
