@@ -203,13 +203,14 @@ fn a_short_run_leaves_an_adapter_that_eval_serve_and_resume_use() {
 
     // --resume continues counting from the checkpoint's step.
     let report2 = dir.path().join("report2.json");
+    let ckpt2 = dir.path().join("ckpt2");
     let mut args = vec!["train", "--agent", "llm", "--steps", "2"];
     args.extend(common);
     args.extend([
         "--resume",
         fin.to_str().unwrap(),
         "--checkpoint-dir",
-        dir.path().join("ckpt2").to_str().unwrap(),
+        ckpt2.to_str().unwrap(),
         "--report",
         report2.to_str().unwrap(),
     ]);
