@@ -93,7 +93,7 @@ pub struct LlmTrainArgs {
     #[arg(long, default_value_t = 10)]
     pub steps: usize,
     /// Train questions per update (--agent llm); each is sampled --group-size times.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 2)]
     pub tasks_per_step: usize,
     /// LoRA rank r (--agent llm).
     #[arg(long, default_value_t = 8)]
@@ -116,7 +116,7 @@ pub struct LlmTrainArgs {
     pub max_tokens: u32,
     /// Dev questions evaluated before and after training (--agent llm), spread evenly over
     /// the dev split.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 50)]
     pub eval_limit: usize,
     /// Agent roles whose calls are trained (--agent llm), comma-separated among write, check,
     /// rewrite (Agent Lightning's agent_match).
@@ -125,6 +125,10 @@ pub struct LlmTrainArgs {
     /// Sequences per forward/backward pass (--agent llm): bounds memory.
     #[arg(long, default_value_t = 4)]
     pub micro_batch: usize,
+    /// Most padded tokens per forward/backward pass (--agent llm): memory grows with
+    /// sequences × length², so this bounds it (a longer sequence goes alone).
+    #[arg(long, default_value_t = 1024)]
+    pub micro_batch_tokens: usize,
     /// Train questions used (--agent llm): easy (single-table SELECT gold queries) or all.
     #[arg(long, value_enum, default_value = "easy")]
     pub curriculum: Curriculum,
@@ -481,6 +485,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         learning_rate: shared.lr,
         kl_beta: shared.kl_beta,
         micro_batch: args.micro_batch,
+        micro_batch_tokens: args.micro_batch_tokens,
         ..LlmGrpoConfig::default()
     };
     grpo_config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -795,7 +800,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     point.step_seconds,
                     point.update_seconds,
                 ));
-                bar.println(format!(
+                let line = format!(
                     "[{}] step {done}: reward {:.2}, violations {:.2}, accuracy {:.2}, {} informative groups, {} of {} samples trained ({} stale, {} refused calls), {:.1} tok/s, rollouts {:.0} s, update {:.0} s",
                     mode_name(mode),
                     point.reward,
@@ -809,7 +814,8 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     point.tokens_per_second,
                     point.rollout_seconds,
                     point.update_seconds
-                ));
+                );
+                bar.suspend(|| eprintln!("{line}"));
                 curve.push(point);
             }
             bar.finish_and_clear();

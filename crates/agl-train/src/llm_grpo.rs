@@ -68,6 +68,12 @@ pub struct LlmGrpoConfig {
     pub max_grad_norm: f64,
     /// Most sequences per forward/backward pass (default 4).
     pub micro_batch: usize,
+    /// Most padded tokens (sequences × longest length) per forward/backward pass (default
+    /// 1,024; a longer sequence goes alone). The composed attention keeps about five
+    /// `[heads, T, T]` tensors per layer for the backward pass, so memory grows with
+    /// sequences × T²; this budget, not the sequence count, bounds it (measured with
+    /// SmolLM2-135M: 4 sequences of ~600 tokens in one pass exhausted 24 GiB).
+    pub micro_batch_tokens: usize,
     /// Optimizer steps per batch of samples (μ, default 1: on-policy).
     pub inner_steps: usize,
 }
@@ -82,6 +88,7 @@ impl Default for LlmGrpoConfig {
             kl_beta: 0.0,
             max_grad_norm: 1.0,
             micro_batch: 4,
+            micro_batch_tokens: 1024,
             inner_steps: 1,
         }
     }
@@ -114,6 +121,9 @@ impl LlmGrpoConfig {
         }
         if self.micro_batch == 0 {
             return bad("micro_batch", "must be at least 1");
+        }
+        if self.micro_batch_tokens == 0 {
+            return bad("micro_batch_tokens", "must be at least 1");
         }
         if self.inner_steps == 0 {
             return bad("inner_steps", "must be at least 1");
@@ -393,6 +403,29 @@ struct MicroBatch {
     adv: Tensor,
 }
 
+/// Consecutive runs of `sorted` (ascending length) with at most `max_seqs` sequences and at
+/// most `max_tokens` padded tokens each (a sequence longer than that goes alone).
+fn chunk_by_budget<'a>(
+    sorted: &'a [&'a TokenSample],
+    max_seqs: usize,
+    max_tokens: usize,
+) -> Vec<&'a [&'a TokenSample]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 0..sorted.len() {
+        let count = i + 1 - start;
+        let padded = count * sorted[i].tokens.len();
+        if count > 1 && (count > max_seqs || padded > max_tokens) {
+            out.push(&sorted[start..i]);
+            start = i;
+        }
+    }
+    if start < sorted.len() {
+        out.push(&sorted[start..]);
+    }
+    out
+}
+
 impl LlmGrpo {
     /// A learner for `adapter` (its variables `vars`, as [`LoraAdapter::new_trainable`] or
     /// [`LoraAdapter::into_trainable`] return them) on `model`, which must be dense.
@@ -510,10 +543,14 @@ impl LlmGrpo {
             stats.seconds = started.elapsed().as_secs_f64();
             return Ok(stats);
         }
-        let batches: Vec<MicroBatch> = kept
-            .chunks(self.config.micro_batch)
-            .map(|c| self.micro_batch(c))
-            .collect::<Result<_, _>>()?;
+        let batches: Vec<MicroBatch> = chunk_by_budget(
+            &kept,
+            self.config.micro_batch,
+            self.config.micro_batch_tokens,
+        )
+        .into_iter()
+        .map(|c| self.micro_batch(c))
+        .collect::<Result<_, _>>()?;
         let denom = total_tokens as f64;
         let (lo, hi) = (1.0 - self.config.clip_low, 1.0 + self.config.clip_high);
         let beta = self.config.kl_beta;
@@ -722,6 +759,36 @@ mod tests {
         );
         assert!((adv[2] + 1.0).abs() < 1e-5, "{adv:?}");
         assert_eq!(&adv[3..], &[0.0, 0.0]);
+    }
+
+    #[test]
+    fn micro_batches_respect_the_sequence_and_token_budgets() {
+        let mk = |n: usize| TokenSample {
+            rollout_id: "r".into(),
+            group: "g".into(),
+            tokens: vec![1; n],
+            prompt_len: 1,
+            loss_mask: vec![true; n - 1],
+            old_logprobs: vec![0.0; n - 1],
+            reward: 0.0,
+            advantage: 1.0,
+            roles: vec![],
+            adapters: vec![],
+        };
+        let samples: Vec<TokenSample> = [100, 200, 250, 300, 900, 2000].map(mk).into();
+        let refs: Vec<&TokenSample> = samples.iter().collect();
+        let sizes: Vec<usize> = chunk_by_budget(&refs, 4, 1024)
+            .iter()
+            .map(|c| c.len())
+            .collect();
+        // 100+200+250 pad to 3 x 250 = 750; adding 300 makes 4 x 300 = 1,200 > 1,024; 900
+        // and 2,000 go alone (the last is over budget on its own).
+        assert_eq!(sizes, vec![3, 1, 1, 1]);
+        let sizes: Vec<usize> = chunk_by_budget(&refs[..3], 2, 100_000)
+            .iter()
+            .map(|c| c.len())
+            .collect();
+        assert_eq!(sizes, vec![2, 1]);
     }
 
     #[test]
