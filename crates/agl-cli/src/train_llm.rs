@@ -122,11 +122,11 @@ pub struct LlmTrainArgs {
     /// rewrite (Agent Lightning's agent_match).
     #[arg(long, default_value = "write,rewrite")]
     pub train_roles: String,
-    /// Sequences per forward/backward pass (--agent llm): bounds memory.
-    #[arg(long, default_value_t = 4)]
+    /// Most answers per forward/backward pass (--agent llm); answers to one prompt share it.
+    #[arg(long, default_value_t = 8)]
     pub micro_batch: usize,
-    /// Most padded tokens per forward/backward pass (--agent llm): memory grows with
-    /// sequences × length², so this bounds it (a longer sequence goes alone).
+    /// Most padded answer tokens per forward/backward pass (--agent llm): bounds memory (a
+    /// longer answer goes alone).
     #[arg(long, default_value_t = 1024)]
     pub micro_batch_tokens: usize,
     /// Train questions used (--agent llm): easy (single-table SELECT gold queries) or all.

@@ -589,6 +589,68 @@ impl LlamaModel {
         Ok(logp.gather(&next, 2)?.reshape((b, n))?)
     }
 
+    /// Teacher-forced log-probabilities of `g` continuations of one shared prefix: `prefix:
+    /// [1, P]` and `suffixes: [g, S]` (u32; rows of different lengths right-padded by the
+    /// caller) → `[g, S]`, entry `(i, j)` being `log p(suffixes[i][j] | prefix,
+    /// suffixes[i][..j])` (temperature 1). The prefix runs through the model once and its keys
+    /// and values are shared by every row, differentiably (every row's gradient flows back
+    /// into it), so a GRPO group of `g` answers to one prompt costs `P + g·S` positions
+    /// instead of `g·(P + S)`. Row `i` equals `token_logprobs_from(prefix ++ suffixes[i], P)`
+    /// up to rounding.
+    pub fn prefixed_logprobs(
+        &self,
+        prefix: &Tensor,
+        suffixes: &Tensor,
+        adapter: Option<&LoraAdapter>,
+    ) -> Result<Tensor> {
+        let (one, p) = prefix.dims2()?;
+        let (g, s) = suffixes.dims2()?;
+        if one != 1 || p == 0 || g == 0 || s == 0 {
+            return Err(LlmError::invalid(
+                "prefix",
+                format!(
+                    "need a [1, P > 0] prefix and [g > 0, S > 0] suffixes, got [{one}, {p}] and [{g}, {s}]"
+                ),
+            ));
+        }
+        let h = self.cfg.hidden_size;
+        let vocab = self.cfg.vocab_size;
+        let mut kv = Vec::with_capacity(self.blocks.len());
+        let prefix_past = Past {
+            prefix: None,
+            collect: Some(&mut kv),
+        };
+        let hp =
+            self.forward_hidden_past(prefix, 0, None, prefix_past, adapter, Ops::Differentiable)?;
+        let suffix_past = Past {
+            prefix: Some(&kv),
+            collect: None,
+        };
+        let hs =
+            self.forward_hidden_past(suffixes, p, None, suffix_past, adapter, Ops::Differentiable)?;
+        // The first suffix token is predicted by the prefix's last position.
+        let first = self.lm_head.forward(&hp.narrow(0, p - 1, 1)?, None)?;
+        let first = candle_nn::ops::log_softmax(&first, D::Minus1)?
+            .broadcast_as((g, vocab))?
+            .contiguous()?
+            .gather(&suffixes.narrow(1, 0, 1)?.contiguous()?, 1)?;
+        if s == 1 {
+            return Ok(first);
+        }
+        let rest = hs
+            .reshape((g, s, h))?
+            .narrow(1, 0, s - 1)?
+            .reshape((g * (s - 1), h))?;
+        let logits = self
+            .lm_head
+            .forward(&rest, None)?
+            .reshape((g, s - 1, vocab))?;
+        let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let next = suffixes.narrow(1, 1, s - 1)?.unsqueeze(2)?.contiguous()?;
+        let rest = logp.gather(&next, 2)?.reshape((g, s - 1))?;
+        Ok(Tensor::cat(&[&first, &rest], 1)?)
+    }
+
     /// Prefills `tokens` (one prompt) into the empty single-row `cache` and returns the
     /// logits of the last position, `[vocab]`.
     pub fn prefill(
@@ -709,6 +771,22 @@ impl LlamaModel {
         adapter: Option<&LoraAdapter>,
         ops: Ops,
     ) -> Result<Tensor> {
+        self.forward_hidden_past(tokens, start, cache, Past::default(), adapter, ops)
+    }
+
+    /// [`LlamaModel::forward_hidden`] with a differentiable past: `past.prefix` holds each
+    /// layer's keys and values (`[1, kv_heads, start, head_dim]`, after rope) of a prefix the
+    /// rows continue, broadcast to every row; `past.collect` receives each layer's keys and
+    /// values of these tokens.
+    fn forward_hidden_past(
+        &self,
+        tokens: &Tensor,
+        start: usize,
+        cache: Option<&mut KvCache>,
+        mut past: Past<'_>,
+        adapter: Option<&LoraAdapter>,
+        ops: Ops,
+    ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (b, t) = tokens.dims2()?;
         if start + t > cfg.max_position_embeddings {
@@ -759,12 +837,27 @@ impl LlamaModel {
                 .transpose(1, 2)?;
             let q = rope(&q, &cos, &sin, ops)?;
             let k = rope(&k, &cos, &sin, ops)?;
-            let (k, v) = match &cache {
-                Some(c) => {
+            if let Some(out) = past.collect.as_deref_mut() {
+                out.push((k.clone(), v.clone()));
+            }
+            let (k, v) = match (&cache, past.prefix) {
+                (Some(c), _) => {
                     c.write(layer, &k, &v)?;
                     c.view(layer, start + t)?
                 }
-                None => (k, v),
+                (None, Some(kv)) => {
+                    let (pk, pv) = kv.get(layer).ok_or_else(|| {
+                        LlmError::invalid("prefix", "the prefix has fewer layers than the model")
+                    })?;
+                    let shape = (b, kvh, start, hd);
+                    (
+                        Tensor::cat(&[&pk.broadcast_as(shape)?, &k.contiguous()?], 2)?
+                            .contiguous()?,
+                        Tensor::cat(&[&pv.broadcast_as(shape)?, &v.contiguous()?], 2)?
+                            .contiguous()?,
+                    )
+                }
+                (None, None) => (k, v),
             };
             let o = attend(&q, &k, &v, mask.as_ref(), cfg.kv_groups(), ops)?;
             let o = o.reshape((b * t, h * hd))?;
@@ -773,6 +866,15 @@ impl LlamaModel {
         }
         rms_norm(&x, &self.norm, cfg.rms_norm_eps, ops)
     }
+}
+
+/// A differentiable past for [`LlamaModel::forward_hidden_past`].
+#[derive(Default)]
+struct Past<'a> {
+    /// Per layer `(keys, values)` of a shared prefix, `[1, kv_heads, P, head_dim]`.
+    prefix: Option<&'a [(Tensor, Tensor)]>,
+    /// Receives per layer `(keys, values)` of the tokens run.
+    collect: Option<&'a mut Vec<(Tensor, Tensor)>>,
 }
 
 fn check_shape(source: &std::path::Path, name: &str, t: &Tensor, want: &[usize]) -> Result<()> {

@@ -23,9 +23,12 @@
 //! skipped when β = 0, DAPO's and TRL's default), averaged over every loss token of the batch
 //! (DAPO's token-mean: long responses weigh by their length). Samples with advantage 0 carry
 //! no policy gradient and are skipped (DAPO's dynamic-sampling filter), which also saves their
-//! forward and backward. Gradients are accumulated over micro-batches of at most
-//! [`LlmGrpoConfig::micro_batch`] sequences (memory stays bounded), clipped to a global L2 norm
-//! and applied with AdamW (candle-nn's). Only the LoRA factors are variables; the base weights
+//! forward and backward. Samples that share a prompt (a group's G answers) share a forward
+//! pass: the prompt runs once and its keys and values serve every answer, differentiably
+//! ([`agl_llm::LlamaModel::prefixed_logprobs`]), so an update costs `P + G·S` positions per
+//! group instead of `G·(P + S)`. Gradients are accumulated over micro-batches bounded by
+//! [`LlmGrpoConfig::micro_batch`] rows and [`LlmGrpoConfig::micro_batch_tokens`] tokens
+//! (memory stays bounded), clipped to a global L2 norm and applied with AdamW (candle-nn's). Only the LoRA factors are variables; the base weights
 //! are plain tensors and stay frozen.
 //!
 //! Log-probabilities are at temperature 1 on both sides: the old ones are what the engine
@@ -66,13 +69,15 @@ pub struct LlmGrpoConfig {
     pub kl_beta: f64,
     /// Global L2 norm that gradients are clipped to (default 1.0).
     pub max_grad_norm: f64,
-    /// Most sequences per forward/backward pass (default 4).
+    /// Most samples per forward/backward pass (default 8: a GRPO group). Only samples with
+    /// the same prompt share a pass; the prompt runs once and its keys and values serve every
+    /// row ([`agl_llm::LlamaModel::prefixed_logprobs`]).
     pub micro_batch: usize,
-    /// Most padded tokens (sequences × longest length) per forward/backward pass (default
-    /// 1,024; a longer sequence goes alone). The composed attention keeps about five
-    /// `[heads, T, T]` tensors per layer for the backward pass, so memory grows with
-    /// sequences × T²; this budget, not the sequence count, bounds it (measured with
-    /// SmolLM2-135M: 4 sequences of ~600 tokens in one pass exhausted 24 GiB).
+    /// Most padded continuation tokens (rows × longest continuation) per pass (default 1,024;
+    /// a longer continuation goes alone). The composed attention keeps about five `[heads,
+    /// rows·S, P + S]` tensors per layer for the backward pass, so this bounds memory
+    /// (measured with SmolLM2-135M before prompts were shared: 4 whole sequences of ~600
+    /// tokens in one pass exhausted 24 GiB).
     pub micro_batch_tokens: usize,
     /// Optimizer steps per batch of samples (μ, default 1: on-policy).
     pub inner_steps: usize,
@@ -87,7 +92,7 @@ impl Default for LlmGrpoConfig {
             clip_high: 0.28,
             kl_beta: 0.0,
             max_grad_norm: 1.0,
-            micro_batch: 4,
+            micro_batch: 8,
             micro_batch_tokens: 1024,
             inner_steps: 1,
         }
@@ -394,34 +399,59 @@ impl std::fmt::Debug for LlmGrpo {
     }
 }
 
-/// Sequences of one micro-batch, padded to the same length.
+/// One forward/backward pass: a shared prompt and the continuations of the samples that
+/// share it, right-padded to the same length.
 struct MicroBatch {
-    tokens: Tensor,
-    from: usize,
+    /// `[1, P]`.
+    prefix: Tensor,
+    /// `[g, S]`.
+    suffixes: Tensor,
+    /// `[g, S]`: the sampler's log-probabilities (0 where masked).
     old: Tensor,
+    /// `[g, S]`: 1 for trained tokens.
     mask: Tensor,
+    /// `[g, 1]`.
     adv: Tensor,
 }
 
-/// Consecutive runs of `sorted` (ascending length) with at most `max_seqs` sequences and at
-/// most `max_tokens` padded tokens each (a sequence longer than that goes alone).
-fn chunk_by_budget<'a>(
-    sorted: &'a [&'a TokenSample],
-    max_seqs: usize,
+/// The continuation of a sample: its tokens after the prompt.
+fn continuation(s: &TokenSample) -> usize {
+    s.tokens.len() - s.prompt_len
+}
+
+/// Samples grouped by identical prompt (a GRPO group's G answers share one), in first-seen
+/// order; each group's samples by ascending continuation length, cut into runs of at most
+/// `max_rows` samples and `max_tokens` padded continuation tokens (a longer continuation goes
+/// alone).
+fn chunk_by_prompt<'a>(
+    samples: &[&'a TokenSample],
+    max_rows: usize,
     max_tokens: usize,
-) -> Vec<&'a [&'a TokenSample]> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for i in 0..sorted.len() {
-        let count = i + 1 - start;
-        let padded = count * sorted[i].tokens.len();
-        if count > 1 && (count > max_seqs || padded > max_tokens) {
-            out.push(&sorted[start..i]);
-            start = i;
-        }
+) -> Vec<Vec<&'a TokenSample>> {
+    let mut groups: Vec<Vec<&'a TokenSample>> = Vec::new();
+    let mut index: HashMap<&'a [u32], usize> = HashMap::new();
+    for &s in samples {
+        let key = &s.tokens[..s.prompt_len];
+        let i = *index.entry(key).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(s);
     }
-    if start < sorted.len() {
-        out.push(&sorted[start..]);
+    let mut out = Vec::new();
+    for mut g in groups {
+        g.sort_by_key(|s| continuation(s));
+        let mut run: Vec<&'a TokenSample> = Vec::new();
+        for s in g {
+            let rows = run.len() + 1;
+            if !run.is_empty() && (rows > max_rows || rows * continuation(s) > max_tokens) {
+                out.push(std::mem::take(&mut run));
+            }
+            run.push(s);
+        }
+        if !run.is_empty() {
+            out.push(run);
+        }
     }
     out
 }
@@ -477,46 +507,43 @@ impl LlmGrpo {
 
     fn micro_batch(&self, samples: &[&TokenSample]) -> Result<MicroBatch, TrainError> {
         let device = self.model.device();
-        let t = samples.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
-        let from = samples
-            .iter()
-            .map(|s| s.prompt_len)
-            .min()
-            .unwrap_or(1)
-            .max(1);
-        if t <= from {
+        let Some(first) = samples.first() else {
+            return Err(TrainError::Config("an empty micro-batch".into()));
+        };
+        let p = first.prompt_len;
+        let n = samples.iter().map(|s| continuation(s)).max().unwrap_or(0);
+        if p == 0 || n == 0 {
             return Err(TrainError::Config(
-                "a sample has no response tokens after its prompt".into(),
+                "a sample needs prompt tokens and response tokens after them".into(),
             ));
         }
-        let n = t - from;
-        let b = samples.len();
-        let mut tokens = vec![0u32; b * t];
-        let mut old = vec![0f32; b * n];
-        let mut mask = vec![0f32; b * n];
-        let mut adv = vec![0f32; b];
+        let g = samples.len();
+        let mut suffixes = vec![0u32; g * n];
+        let mut old = vec![0f32; g * n];
+        let mut mask = vec![0f32; g * n];
+        let mut adv = vec![0f32; g];
         for (i, s) in samples.iter().enumerate() {
-            tokens[i * t..i * t + s.tokens.len()].copy_from_slice(&s.tokens);
+            let cont = &s.tokens[s.prompt_len..];
+            suffixes[i * n..i * n + cont.len()].copy_from_slice(cont);
             // Right padding repeats the last token; the causal mask keeps it from touching the
             // positions that count, and its positions have mask 0.
-            if let Some(&last) = s.tokens.last() {
-                for x in &mut tokens[i * t + s.tokens.len()..(i + 1) * t] {
+            if let Some(&last) = cont.last() {
+                for x in &mut suffixes[i * n + cont.len()..(i + 1) * n] {
                     *x = last;
                 }
             }
             for (k, (&m, &lp)) in s.loss_mask.iter().zip(&s.old_logprobs).enumerate() {
-                let j = s.prompt_len + k - from;
-                mask[i * n + j] = if m { 1.0 } else { 0.0 };
-                old[i * n + j] = lp;
+                mask[i * n + k] = if m { 1.0 } else { 0.0 };
+                old[i * n + k] = lp;
             }
             adv[i] = s.advantage as f32;
         }
         Ok(MicroBatch {
-            tokens: Tensor::from_vec(tokens, (b, t), device)?,
-            from,
-            old: Tensor::from_vec(old, (b, n), device)?,
-            mask: Tensor::from_vec(mask, (b, n), device)?,
-            adv: Tensor::from_vec(adv, (b, 1), device)?,
+            prefix: Tensor::new(&first.tokens[..p], device)?.unsqueeze(0)?,
+            suffixes: Tensor::from_vec(suffixes, (g, n), device)?,
+            old: Tensor::from_vec(old, (g, n), device)?,
+            mask: Tensor::from_vec(mask, (g, n), device)?,
+            adv: Tensor::from_vec(adv, (g, 1), device)?,
         })
     }
 
@@ -526,12 +553,10 @@ impl LlmGrpo {
     /// Tensor errors and [`TrainError::Config`] for samples the model cannot take.
     pub fn step(&mut self, samples: &[TokenSample]) -> Result<LlmStepStats, TrainError> {
         let started = Instant::now();
-        let mut kept: Vec<&TokenSample> = samples
+        let kept: Vec<&TokenSample> = samples
             .iter()
             .filter(|s| s.advantage != 0.0 && s.loss_tokens() > 0)
             .collect();
-        // Similar lengths share a micro-batch: less padding.
-        kept.sort_by_key(|s| s.tokens.len());
         let total_tokens: usize = kept.iter().map(|s| s.loss_tokens()).sum();
         let mut stats = LlmStepStats {
             samples: samples.len(),
@@ -543,12 +568,12 @@ impl LlmGrpo {
             stats.seconds = started.elapsed().as_secs_f64();
             return Ok(stats);
         }
-        let batches: Vec<MicroBatch> = chunk_by_budget(
+        let batches: Vec<MicroBatch> = chunk_by_prompt(
             &kept,
             self.config.micro_batch,
             self.config.micro_batch_tokens,
         )
-        .into_iter()
+        .iter()
         .map(|c| self.micro_batch(c))
         .collect::<Result<_, _>>()?;
         let denom = total_tokens as f64;
@@ -560,7 +585,7 @@ impl LlmGrpo {
             for mb in &batches {
                 let new =
                     self.model
-                        .token_logprobs_from(&mb.tokens, mb.from, Some(&self.adapter))?;
+                        .prefixed_logprobs(&mb.prefix, &mb.suffixes, Some(&self.adapter))?;
                 let log_ratio = (&new - &mb.old)?;
                 let ratio = log_ratio.exp()?;
                 let surr1 = ratio.broadcast_mul(&mb.adv)?;
@@ -569,7 +594,7 @@ impl LlmGrpo {
                 if beta > 0.0 {
                     let reference = self
                         .model
-                        .token_logprobs_from(&mb.tokens, mb.from, None)?
+                        .prefixed_logprobs(&mb.prefix, &mb.suffixes, None)?
                         .detach();
                     let d = (&reference - &new)?;
                     let k3 = ((d.exp()? - &d)? - 1.0)?;
@@ -762,33 +787,53 @@ mod tests {
     }
 
     #[test]
-    fn micro_batches_respect_the_sequence_and_token_budgets() {
-        let mk = |n: usize| TokenSample {
+    fn micro_batches_share_a_prompt_and_respect_the_budgets() {
+        let mk = |prompt: &[u32], n: usize| TokenSample {
             rollout_id: "r".into(),
             group: "g".into(),
-            tokens: vec![1; n],
-            prompt_len: 1,
-            loss_mask: vec![true; n - 1],
-            old_logprobs: vec![0.0; n - 1],
+            tokens: prompt
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(7, n))
+                .collect(),
+            prompt_len: prompt.len(),
+            loss_mask: vec![true; n],
+            old_logprobs: vec![0.0; n],
             reward: 0.0,
             advantage: 1.0,
             roles: vec![],
             adapters: vec![],
         };
-        let samples: Vec<TokenSample> = [100, 200, 250, 300, 900, 2000].map(mk).into();
+        let (a, b) = ([1u32, 2, 3], [4u32, 5]);
+        let samples = vec![
+            mk(&a, 300),
+            mk(&b, 10),
+            mk(&a, 100),
+            mk(&a, 250),
+            mk(&a, 200),
+            mk(&a, 900),
+            mk(&a, 2000),
+        ];
         let refs: Vec<&TokenSample> = samples.iter().collect();
-        let sizes: Vec<usize> = chunk_by_budget(&refs, 4, 1024)
+        let runs = chunk_by_prompt(&refs, 8, 1024);
+        let shape: Vec<(usize, Vec<usize>)> = runs
             .iter()
-            .map(|c| c.len())
+            .map(|r| (r[0].prompt_len, r.iter().map(|s| continuation(s)).collect()))
             .collect();
-        // 100+200+250 pad to 3 x 250 = 750; adding 300 makes 4 x 300 = 1,200 > 1,024; 900
-        // and 2,000 go alone (the last is over budget on its own).
-        assert_eq!(sizes, vec![3, 1, 1, 1]);
-        let sizes: Vec<usize> = chunk_by_budget(&refs[..3], 2, 100_000)
-            .iter()
-            .map(|c| c.len())
-            .collect();
-        assert_eq!(sizes, vec![2, 1]);
+        // prompt a first (first seen): 100, 200, 250 pad to 3 x 250 = 750; with 300 it would be
+        // 1,200 > 1,024; 900 and 2,000 go alone; prompt b apart.
+        assert_eq!(
+            shape,
+            vec![
+                (3, vec![100, 200, 250]),
+                (3, vec![300]),
+                (3, vec![900]),
+                (3, vec![2000]),
+                (2, vec![10]),
+            ]
+        );
+        let runs = chunk_by_prompt(&refs[..3], 1, 100_000);
+        assert_eq!(runs.len(), 3, "at most one row per pass");
     }
 
     #[test]
