@@ -125,10 +125,11 @@ pub struct LlmTrainArgs {
     /// Most answers per forward/backward pass (--agent llm); answers to one prompt share it.
     #[arg(long, default_value_t = 8)]
     pub micro_batch: usize,
-    /// Most padded answer tokens per forward/backward pass (--agent llm): bounds memory (a
-    /// longer answer goes alone).
-    #[arg(long, default_value_t = 1024)]
-    pub micro_batch_tokens: usize,
+    /// Most attention cells per forward/backward pass (--agent llm): prompt² + answers ×
+    /// answer length × (prompt + answer length); bounds memory (an answer over budget alone
+    /// goes alone).
+    #[arg(long, default_value_t = 700_000)]
+    pub micro_batch_cells: usize,
     /// Train questions used (--agent llm): easy (single-table SELECT gold queries) or all.
     #[arg(long, value_enum, default_value = "easy")]
     pub curriculum: Curriculum,
@@ -485,7 +486,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         learning_rate: shared.lr,
         kl_beta: shared.kl_beta,
         micro_batch: args.micro_batch,
-        micro_batch_tokens: args.micro_batch_tokens,
+        micro_batch_cells: args.micro_batch_cells,
         ..LlmGrpoConfig::default()
     };
     grpo_config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -27,7 +27,7 @@
 //! pass: the prompt runs once and its keys and values serve every answer, differentiably
 //! ([`agl_llm::LlamaModel::prefixed_logprobs`]), so an update costs `P + G·S` positions per
 //! group instead of `G·(P + S)`. Gradients are accumulated over micro-batches bounded by
-//! [`LlmGrpoConfig::micro_batch`] rows and [`LlmGrpoConfig::micro_batch_tokens`] tokens
+//! [`LlmGrpoConfig::micro_batch`] rows and [`LlmGrpoConfig::micro_batch_cells`] attention cells
 //! (memory stays bounded), clipped to a global L2 norm and applied with AdamW (candle-nn's). Only the LoRA factors are variables; the base weights
 //! are plain tensors and stay frozen.
 //!
@@ -73,12 +73,14 @@ pub struct LlmGrpoConfig {
     /// the same prompt share a pass; the prompt runs once and its keys and values serve every
     /// row ([`agl_llm::LlamaModel::prefixed_logprobs`]).
     pub micro_batch: usize,
-    /// Most padded continuation tokens (rows × longest continuation) per pass (default 1,024;
-    /// a longer continuation goes alone). The composed attention keeps about five `[heads,
-    /// rows·S, P + S]` tensors per layer for the backward pass, so this bounds memory
-    /// (measured with SmolLM2-135M before prompts were shared: 4 whole sequences of ~600
-    /// tokens in one pass exhausted 24 GiB).
-    pub micro_batch_tokens: usize,
+    /// Most attention cells per pass (default 700,000): `P² + rows · S · (P + S)` for a prompt
+    /// of `P` tokens and `rows` continuations padded to `S`; a row that alone exceeds it goes
+    /// alone. The composed attention keeps about a dozen `[heads, queries, keys]` tensors per
+    /// layer for the backward pass (scores, mask, softmax, their gradients), so memory follows
+    /// these cells, not the token count (measured with SmolLM2-135M: one ~900-token sequence,
+    /// 810,000 cells, peaked at 18.5 GB; 8 answers sharing a ~700-token prompt exhausted 24
+    /// GiB).
+    pub micro_batch_cells: usize,
     /// Optimizer steps per batch of samples (μ, default 1: on-policy).
     pub inner_steps: usize,
 }
@@ -93,7 +95,7 @@ impl Default for LlmGrpoConfig {
             kl_beta: 0.0,
             max_grad_norm: 1.0,
             micro_batch: 8,
-            micro_batch_tokens: 1024,
+            micro_batch_cells: 700_000,
             inner_steps: 1,
         }
     }
@@ -127,8 +129,8 @@ impl LlmGrpoConfig {
         if self.micro_batch == 0 {
             return bad("micro_batch", "must be at least 1");
         }
-        if self.micro_batch_tokens == 0 {
-            return bad("micro_batch_tokens", "must be at least 1");
+        if self.micro_batch_cells == 0 {
+            return bad("micro_batch_cells", "must be at least 1");
         }
         if self.inner_steps == 0 {
             return bad("inner_steps", "must be at least 1");
@@ -421,12 +423,12 @@ fn continuation(s: &TokenSample) -> usize {
 
 /// Samples grouped by identical prompt (a GRPO group's G answers share one), in first-seen
 /// order; each group's samples by ascending continuation length, cut into runs of at most
-/// `max_rows` samples and `max_tokens` padded continuation tokens (a longer continuation goes
-/// alone).
+/// `max_rows` samples and `max_cells` attention cells (`P² + rows · S · (P + S)`; a sample
+/// over budget on its own goes alone).
 fn chunk_by_prompt<'a>(
     samples: &[&'a TokenSample],
     max_rows: usize,
-    max_tokens: usize,
+    max_cells: usize,
 ) -> Vec<Vec<&'a TokenSample>> {
     let mut groups: Vec<Vec<&'a TokenSample>> = Vec::new();
     let mut index: HashMap<&'a [u32], usize> = HashMap::new();
@@ -444,7 +446,9 @@ fn chunk_by_prompt<'a>(
         let mut run: Vec<&'a TokenSample> = Vec::new();
         for s in g {
             let rows = run.len() + 1;
-            if !run.is_empty() && (rows > max_rows || rows * continuation(s) > max_tokens) {
+            let (p, n) = (s.prompt_len, continuation(s));
+            let cells = p * p + rows * n * (p + n);
+            if !run.is_empty() && (rows > max_rows || cells > max_cells) {
                 out.push(std::mem::take(&mut run));
             }
             run.push(s);
@@ -571,7 +575,7 @@ impl LlmGrpo {
         let batches: Vec<MicroBatch> = chunk_by_prompt(
             &kept,
             self.config.micro_batch,
-            self.config.micro_batch_tokens,
+            self.config.micro_batch_cells,
         )
         .iter()
         .map(|c| self.micro_batch(c))
@@ -815,13 +819,15 @@ mod tests {
             mk(&a, 2000),
         ];
         let refs: Vec<&TokenSample> = samples.iter().collect();
-        let runs = chunk_by_prompt(&refs, 8, 1024);
+        // cells with P = 3: 9 + rows · S · (3 + S)
+        let runs = chunk_by_prompt(&refs, 8, 200_000);
         let shape: Vec<(usize, Vec<usize>)> = runs
             .iter()
             .map(|r| (r[0].prompt_len, r.iter().map(|s| continuation(s)).collect()))
             .collect();
-        // prompt a first (first seen): 100, 200, 250 pad to 3 x 250 = 750; with 300 it would be
-        // 1,200 > 1,024; 900 and 2,000 go alone; prompt b apart.
+        // prompt a first (first seen): 100, 200, 250 → 9 + 3·250·253 = 189,759; with 300:
+        // 9 + 4·300·303 = 363,609 > 200,000; 900 and 2,000 are over budget alone; prompt b
+        // apart.
         assert_eq!(
             shape,
             vec![
