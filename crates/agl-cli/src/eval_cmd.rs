@@ -399,7 +399,11 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Row counts of the databases `questions` use, for the cost policy.
-fn table_stats(dataset: &SpiderDataset, questions: &[Question]) -> anyhow::Result<TableStats> {
+/// Row counts of every table of the questions' databases (what `cost_control` prices).
+pub(crate) fn table_stats<'a>(
+    dataset: &SpiderDataset,
+    questions: impl IntoIterator<Item = &'a Question>,
+) -> anyhow::Result<TableStats> {
     let mut stats = TableStats::new();
     for q in questions {
         if !stats.contains_key(&q.db_id) {

@@ -50,9 +50,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agl_core::RolloutMode;
-use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile, TableStats};
+use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
 use agl_llm::{LoraAdapter, LoraConfig, Target};
-use agl_spider::{ExecutorConfig, Question, SpiderDataset, Split, db_info};
+use agl_spider::{ExecutorConfig, Question, SpiderDataset, Split};
 use agl_train::sql_agent::ROLES;
 use agl_train::{
     CurvePoint, EvalStats, LlmGrpo, LlmGrpoConfig, LlmSqlAgent, LlmStepStats, RewardConfig,
@@ -128,7 +128,7 @@ pub struct LlmTrainArgs {
     /// Most attention cells per forward/backward pass (--agent llm): prompt² + answers ×
     /// answer length × (prompt + answer length); bounds memory (an answer over budget alone
     /// goes alone).
-    #[arg(long, default_value_t = 700_000)]
+    #[arg(long, default_value_t = 300_000)]
     pub micro_batch_cells: usize,
     /// Train questions used (--agent llm): easy (single-table SELECT gold queries) or all.
     #[arg(long, value_enum, default_value = "easy")]
@@ -363,17 +363,6 @@ fn parse_roles(s: &str) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-fn table_stats(dataset: &SpiderDataset, questions: &[&Question]) -> anyhow::Result<TableStats> {
-    let mut stats = TableStats::new();
-    for q in questions {
-        if !stats.contains_key(&q.db_id) {
-            let info = db_info(&q.db_id, &dataset.db_path(&q.db_id))?;
-            stats.insert(q.db_id.clone(), info.row_counts());
-        }
-    }
-    Ok(stats)
-}
-
 fn mode_name(m: GovernanceMode) -> &'static str {
     match m {
         GovernanceMode::Audit => "audit",
@@ -548,7 +537,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     );
     let mut all_q: Vec<&Question> = train.clone();
     all_q.extend(dev.iter());
-    let stats = table_stats(&dataset, &all_q)?;
+    let stats = crate::eval_cmd::table_stats(&dataset, all_q.iter().copied())?;
     let kernel_for = |mode: GovernanceMode| -> anyhow::Result<Arc<Kernel>> {
         let env = BuildEnv {
             table_stats: stats.clone(),

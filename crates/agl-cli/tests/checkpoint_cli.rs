@@ -5,28 +5,18 @@
 //! created or changed; `--compare` keeps both runs' policies.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+use common::{agl, stderr};
 
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
-fn agl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agl"))
-        .args(args)
-        .env_remove("AGL_DATA")
-        .env_remove("AGL_AUDIT_KEY_FILE")
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .output()
-        .expect("run agl")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 fn json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    common::json_file(path)
 }
 
 fn s(p: &Path) -> &str {
@@ -205,17 +195,9 @@ fn train_saves_checkpoints_that_eval_and_resume_read_back() {
     assert_one_line_error(&agl(&args), "training.governance is enforce");
 }
 
-/// Fails with exit 1 and one stderr line mentioning every needle, without a panic.
+/// Fails with exit 1 and one stderr line mentioning `needle`, without a panic.
 fn assert_one_line_error(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
-    assert!(
-        lines[0].contains(needle),
-        "{err:?} should mention {needle:?}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
+    common::assert_one_line_error(o, 1, needle);
 }
 
 /// A fresh one-update checkpoint in `dir/good/final`.

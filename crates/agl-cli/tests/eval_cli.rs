@@ -3,40 +3,15 @@
 //! Spider questions with the real model through the LLM gateway.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
+use std::path::Path;
+
+use common::{agl, assert_one_line_error, stderr};
 use serde_json::Value;
 
-fn agl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agl"))
-        .args(args)
-        .env_remove("AGL_DATA")
-        .env_remove("AGL_LLM_UPSTREAM_KEY")
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .output()
-        .expect("run agl")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Fails with `code`, one non-empty stderr line mentioning `needle`, and no panic.
-fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "{err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
-    assert!(
-        lines[0].contains(needle),
-        "{err:?} should mention {needle:?}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
-}
-
 fn report(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    common::json_file(path)
 }
 
 #[test]

@@ -3,37 +3,15 @@
 //! `agl eval --adapter` evaluates, `agl llm serve --adapter` serves and `--resume` continues.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
+use common::{agl, assert_one_line_error, stderr};
 use serde_json::Value;
-
-fn agl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agl"))
-        .args(args)
-        .env_remove("AGL_DATA")
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .output()
-        .expect("run agl")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "{err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
-    assert!(
-        lines[0].contains(needle),
-        "{err:?} should mention {needle:?}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
-}
 
 fn model_available() -> bool {
     let o = agl(&["model", "pull", "smollm2-135m-instruct"]);

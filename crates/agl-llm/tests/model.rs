@@ -561,7 +561,10 @@ fn a_shared_prefix_gives_each_rows_logprobs_and_gradients() {
     // three continuations of the same length: the real next tokens and two shifted windows
     let rows: Vec<Vec<u32>> = (0..3).map(|i| prompt[p + i..p + i + s].to_vec()).collect();
     let flat: Vec<u32> = rows.concat();
-    let prefix_t = Tensor::new(prefix, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let prefix_t = Tensor::new(prefix, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
     let suffixes = Tensor::from_vec(flat, (3, s), &Device::Cpu).unwrap();
     let shared = lm
         .model
@@ -582,7 +585,10 @@ fn a_shared_prefix_gives_each_rows_logprobs_and_gradients() {
             .token_logprobs_from(&ids, p, Some(&adapter))
             .unwrap();
         let d = max_abs_diff(&one.squeeze(0).unwrap(), &shared.get(i).unwrap());
-        assert!(d < 1e-4, "row {i}: shared and separate log-probabilities differ by {d}");
+        assert!(
+            d < 1e-4,
+            "row {i}: shared and separate log-probabilities differ by {d}"
+        );
         separate_total = Some(match separate_total {
             None => one.sum_all().unwrap(),
             Some(t) => (t + one.sum_all().unwrap()).unwrap(),
@@ -593,7 +599,15 @@ fn a_shared_prefix_gives_each_rows_logprobs_and_gradients() {
     for v in &vars {
         let a = grads_shared.get(v).unwrap();
         let b = grads_separate.get(v).unwrap();
-        let scale = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        let scale = b
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         worst = worst.max(max_abs_diff(a, b) / scale.max(1e-6));
     }
     eprintln!("largest relative gradient difference, shared vs separate prefix: {worst:e}");

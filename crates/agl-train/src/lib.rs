@@ -14,6 +14,10 @@
 //!   over any OpenAI-compatible endpoint, every statement governed; violations of the model's
 //!   output found by the LLM gateway reach [`PolicyReward`] through the runner.
 //!
+//! [`LlmGrpo`] trains an LLM's LoRA adapter with GRPO from the adapter's triplets
+//! ([`samples_from_triplets`]: multi-turn merging with context masked; [`assign_advantages`]:
+//! group-relative; a token-level clipped surrogate with DAPO's clip-higher).
+//!
 //! [`TracerTraceToTriplet`] is Agent Lightning's span→triplet adapter over LLM-call spans (one
 //! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
 //! and reports them in a [`TripletReport`].

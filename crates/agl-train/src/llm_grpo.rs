@@ -73,13 +73,13 @@ pub struct LlmGrpoConfig {
     /// the same prompt share a pass; the prompt runs once and its keys and values serve every
     /// row ([`agl_llm::LlamaModel::prefixed_logprobs`]).
     pub micro_batch: usize,
-    /// Most attention cells per pass (default 700,000): `P² + rows · S · (P + S)` for a prompt
+    /// Most attention cells per pass (default 300,000): `P² + rows · S · (P + S)` for a prompt
     /// of `P` tokens and `rows` continuations padded to `S`; a row that alone exceeds it goes
-    /// alone. The composed attention keeps about a dozen `[heads, queries, keys]` tensors per
-    /// layer for the backward pass (scores, mask, softmax, their gradients), so memory follows
-    /// these cells, not the token count (measured with SmolLM2-135M: one ~900-token sequence,
-    /// 810,000 cells, peaked at 18.5 GB; 8 answers sharing a ~700-token prompt exhausted 24
-    /// GiB).
+    /// alone. The composed attention keeps many `[heads, queries, keys]` tensors per layer for
+    /// the backward pass (scores, mask, softmax and their gradients), so memory follows these
+    /// cells, not the token count. Measured with SmolLM2-135M on the Spider prompts: 300,000
+    /// peaked at 18.5 GB resident; 700,000 (8 answers sharing a ~700-token prompt) exhausted
+    /// 24 GiB.
     pub micro_batch_cells: usize,
     /// Optimizer steps per batch of samples (μ, default 1: on-policy).
     pub inner_steps: usize,
@@ -95,7 +95,7 @@ impl Default for LlmGrpoConfig {
             kl_beta: 0.0,
             max_grad_norm: 1.0,
             micro_batch: 8,
-            micro_batch_cells: 700_000,
+            micro_batch_cells: 300_000,
             inner_steps: 1,
         }
     }
@@ -809,7 +809,7 @@ mod tests {
             adapters: vec![],
         };
         let (a, b) = ([1u32, 2, 3], [4u32, 5]);
-        let samples = vec![
+        let samples = [
             mk(&a, 300),
             mk(&b, 10),
             mk(&a, 100),

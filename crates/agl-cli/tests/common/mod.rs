@@ -1,0 +1,44 @@
+//! Shared by the CLI integration tests: run the real `agl` binary from the repository root with
+//! a clean environment, and judge its one-line errors.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Runs `agl ARGS` in the repository root, without the environment variables that would change
+/// its defaults (`AGL_DATA`, `AGL_LLM_UPSTREAM_KEY`, `AGL_AUDIT_KEY_FILE`).
+pub fn agl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agl"))
+        .args(args)
+        .env_remove("AGL_DATA")
+        .env_remove("AGL_LLM_UPSTREAM_KEY")
+        .env_remove("AGL_AUDIT_KEY_FILE")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .output()
+        .expect("run agl")
+}
+
+/// The process's standard error as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Fails with `code`, one non-empty stderr line mentioning `needle`, and no panic.
+pub fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
+    assert!(
+        lines[0].contains(needle),
+        "{err:?} should mention {needle:?}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A JSON file, parsed.
+pub fn json_file(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
