@@ -141,19 +141,13 @@ fn run_request(
     })
 }
 
-/// Peak resident set size of this process (`VmHWM` in `/proc/self/status`; 0 where absent).
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .map(|kib| kib / 1024.0)
-        .unwrap_or(0.0)
+/// Peak resident set size of this process (`VmHWM` in `/proc/self/status`), bytes; `None`
+/// where the kernel does not report it.
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Spider dev questions with their database's schema, rendered by the model's chat template.
@@ -252,7 +246,7 @@ fn measure(
         decode_group8_tokens_per_s: group8,
         concurrent32_tokens_per_s: concurrent32,
         ttft_s: ttft,
-        peak_rss_mib: peak_rss_mib(),
+        peak_rss_mib: peak_rss_bytes().map_or(0.0, |b| b as f64 / (1024.0 * 1024.0)),
     })
 }
 

@@ -298,14 +298,6 @@ fn run_title(m: GovernanceMode) -> &'static str {
     }
 }
 
-fn mode_name(m: GovernanceMode) -> &'static str {
-    match m {
-        GovernanceMode::Audit => "audit",
-        GovernanceMode::Enforce => "enforce",
-    }
-}
-
-/// Runs `agl train`.
 /// What `agl train` trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TrainAgent {
@@ -315,6 +307,7 @@ pub enum TrainAgent {
     Llm,
 }
 
+/// Runs `agl train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     if args.agent == TrainAgent::Llm {
         let shared = crate::train_llm::SharedArgs {
@@ -558,7 +551,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                     Some(guarded(&runners, session.evaluate(policy.as_ref(), Split::Dev)).await?);
             }
             let bar = progress_bar(
-                mode_name(*mode),
+                mode.as_str(),
                 (config.epochs * task.train.len() * config.grpo.group_size) as u64,
             );
             let mut on_progress = |p: &agl_train::Progress| {
@@ -573,7 +566,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             };
             let checkpoints = args.checkpoint_dir.as_ref().map(|dir| CheckpointPlan {
                 dir: if args.compare {
-                    dir.join(mode_name(*mode))
+                    dir.join(mode.as_str())
                 } else {
                     dir.clone()
                 },
@@ -623,7 +616,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             let report = report?;
             eprintln!(
                 "{} run: {} rollouts, train violation rate {:.3}, dev accuracy {:.3}",
-                mode_name(*mode),
+                mode.as_str(),
                 report.train.rollouts,
                 report.train.violation_rate,
                 report.dev.accuracy
@@ -664,7 +657,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             },
             data: &task.report,
             untrained: Phase { dev: &untrained },
-            runs: runs.iter().map(|(m, r)| (mode_name(*m), r)).collect(),
+            runs: runs.iter().map(|(m, r)| (m.as_str(), r)).collect(),
             seconds: started.elapsed().as_secs_f64(),
         };
         write_file(path, &serde_json::to_vec_pretty(&report)?)?;
@@ -697,7 +690,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.plot {
         let labels: Vec<String> = runs
             .iter()
-            .map(|(m, _)| format!("{} ({})", run_title(*m), mode_name(*m)))
+            .map(|(m, _)| format!("{} ({})", run_title(*m), m.as_str()))
             .collect();
         let labelled: Vec<(&str, &RunReport)> = labels
             .iter()
@@ -731,9 +724,9 @@ fn resume_checkpoint(dir: &Path, args: &TrainArgs) -> anyhow::Result<agl_train::
         "{}: training.governance is {} but --governance is {} (pass --governance {} to \
          continue that run)",
         config.display(),
-        mode_name(t.governance),
-        mode_name(args.governance),
-        mode_name(t.governance)
+        t.governance.as_str(),
+        args.governance.as_str(),
+        t.governance.as_str()
     );
     Ok(ckpt)
 }

@@ -363,13 +363,6 @@ fn parse_roles(s: &str) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-fn mode_name(m: GovernanceMode) -> &'static str {
-    match m {
-        GovernanceMode::Audit => "audit",
-        GovernanceMode::Enforce => "enforce",
-    }
-}
-
 /// The reward of a mode: `PolicyReward`'s defaults (enforce), or the task reward alone
 /// (audit: every penalty and the clean bonus zero).
 fn reward_config(mode: GovernanceMode) -> RewardConfig {
@@ -386,14 +379,6 @@ fn reward_config(mode: GovernanceMode) -> RewardConfig {
     }
 }
 
-/// Peak resident set size of this process (Linux `VmHWM`), bytes.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Reads and checks a checkpoint directory for `--resume`.
 fn read_state(dir: &Path) -> anyhow::Result<TrainerState> {
     let path = dir.join(TRAINER_STATE);
@@ -407,28 +392,21 @@ fn read_state(dir: &Path) -> anyhow::Result<TrainerState> {
     serde_json::from_str(&text).with_context(|| format!("{}: malformed", path.display()))
 }
 
-/// Writes `adapter` and `state` into `dir` atomically (a temporary sibling, then a rename).
+/// Writes `adapter` and `state` into `dir` atomically
+/// ([`agl_train::checkpoint::write_dir_atomically`], the scorer checkpoints' mechanism).
 fn save_checkpoint(dir: &Path, adapter: &LoraAdapter, state: &TrainerState) -> anyhow::Result<()> {
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let root = dir.parent().unwrap_or(Path::new("."));
     let name = dir
         .file_name()
         .and_then(|n| n.to_str())
-        .unwrap_or("checkpoint");
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
-    }
-    adapter
-        .save(&tmp)
-        .with_context(|| format!("saving the adapter into {}", tmp.display()))?;
+        .with_context(|| format!("{}: not a checkpoint directory name", dir.display()))?;
     let json = serde_json::to_vec_pretty(state)?;
-    std::fs::write(tmp.join(TRAINER_STATE), json)
-        .with_context(|| format!("writing {}", tmp.join(TRAINER_STATE).display()))?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("replacing {}", dir.display()))?;
-    }
-    std::fs::rename(&tmp, dir).with_context(|| format!("renaming into {}", dir.display()))?;
+    agl_train::checkpoint::write_dir_atomically(root, name, |tmp| {
+        adapter.save(tmp)?;
+        let path = tmp.join(TRAINER_STATE);
+        std::fs::write(&path, &json).map_err(|source| agl_train::TrainError::Io { path, source })
+    })
+    .with_context(|| format!("saving the checkpoint {}", dir.display()))?;
     Ok(())
 }
 
@@ -498,7 +476,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     "--resume {}: the checkpoint was trained with --governance {} (without \
                      --compare); resume it the same way",
                     dir.display(),
-                    mode_name(state.governance)
+                    state.governance.as_str()
                 );
             }
             Some((dir.clone(), state))
@@ -658,7 +636,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             )
             .await?;
             let dir = if shared.compare {
-                checkpoint_root.join(mode_name(mode))
+                checkpoint_root.join(mode.as_str())
             } else {
                 checkpoint_root.clone()
             };
@@ -708,7 +686,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             let total = (args.steps.saturating_sub(start_step)
                 * args.tasks_per_step
                 * shared.group_size) as u64;
-            let bar = progress_bar(total, mode_name(mode));
+            let bar = progress_bar(total, mode.as_str());
             let mut curve: Vec<LlmCurvePoint> = Vec::new();
             let mut all_rows: Vec<SqlEvalRow> = Vec::new();
             let mut rollouts = 0u64;
@@ -723,7 +701,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     .flat_map(|q| std::iter::repeat_n((*q).clone(), shared.group_size))
                     .collect();
                 let plan = BatchPlan {
-                    resources_id: format!("agl-train-llm-{}-v{step}", mode_name(mode)),
+                    resources_id: format!("agl-train-llm-{}-v{step}", mode.as_str()),
                     model: served.clone(),
                     temperature: args.temperature,
                     max_tokens: args.max_tokens,
@@ -792,7 +770,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 ));
                 let line = format!(
                     "[{}] step {done}: reward {:.2}, violations {:.2}, accuracy {:.2}, {} informative groups, {} of {} samples trained ({} stale, {} refused calls), {:.1} tok/s, rollouts {:.0} s, update {:.0} s",
-                    mode_name(mode),
+                    mode.as_str(),
                     point.reward,
                     point.violation_rate,
                     point.accuracy,
@@ -812,7 +790,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             let final_dir = dir.join("final");
             save_checkpoint(&final_dir, grpo.adapter(), &state(args.steps.max(start_step)))?;
             stage.shutdown().await?;
-            eprintln!("[{}] evaluating the trained adapter on dev", mode_name(mode));
+            eprintln!("[{}] evaluating the trained adapter on dev", mode.as_str());
             let after = evaluate(served.clone(), if mode == GovernanceMode::Audit {
                 "agl-train-llm-eval-after-audit"
             } else {
@@ -832,14 +810,14 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 rollouts_per_second: rollouts as f64 / run_started.elapsed().as_secs_f64().max(1e-9),
             };
             runs.insert(
-                mode_name(mode),
+                mode.as_str(),
                 LlmRun {
                     train: train_stats,
                     dev: summary_stats(&after),
                     dev_llm: after,
                     curve,
                     adapter: final_dir.display().to_string(),
-                    peak_rss_bytes: peak_rss_bytes(),
+                    peak_rss_bytes: crate::llm_bench::peak_rss_bytes(),
                     seconds: run_started.elapsed().as_secs_f64(),
                 },
             );

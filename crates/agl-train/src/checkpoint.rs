@@ -21,7 +21,8 @@
 //! (`.NAME.tmp-PID`), each file synced, and then renamed to its name; a checkpoint that already
 //! has the name (a rerun's `final`) is moved aside first and removed after. A crash therefore
 //! never leaves a partial checkpoint under a `step-N` or `final` name (at worst a `.NAME.tmp-*`
-//! or `.NAME.old-*` directory, which nothing reads).
+//! or `.NAME.old-*` directory, which nothing reads). [`write_dir_atomically`] is that mechanism,
+//! shared with the LLM trainer's adapter checkpoints.
 //!
 //! # Reading
 //! [`load`] refuses, with a [`TrainError::Checkpoint`] naming the file and what is wrong: a
@@ -241,16 +242,33 @@ pub fn save(
             "not a directory (--checkpoint-dir must name a directory)",
         ));
     }
-    std::fs::create_dir_all(root).map_err(io_err(root))?;
     let config = CheckpointConfig {
         format: FORMAT.into(),
         format_version: FORMAT_VERSION,
         model: spec,
         training: training.clone(),
     };
+    write_dir_atomically(root, name, |tmp| write_files(tmp, &vars, &config))
+}
+
+/// Writes the directory `root/name` atomically (the mechanism of every checkpoint, the
+/// scorer's and the LLM trainer's): `write` fills a fresh hidden `root/.NAME.tmp-PID`, which is
+/// then renamed to `name`; a directory that already has the name is moved aside first
+/// (`.NAME.old-PID`) and removed after, and `root` is synced. On failure nothing is left under
+/// `name` that was not there before. Returns `root/name`.
+///
+/// # Errors
+/// What `write` returns; [`TrainError::Io`] naming the directory when creating, renaming or
+/// syncing fails.
+pub fn write_dir_atomically(
+    root: &Path,
+    name: &str,
+    write: impl FnOnce(&Path) -> Result<(), TrainError>,
+) -> Result<PathBuf, TrainError> {
+    std::fs::create_dir_all(root).map_err(io_err(root))?;
     let pid = std::process::id();
     let tmp = root.join(format!(".{name}.tmp-{pid}"));
-    let written = write_files(&tmp, &vars, &config);
+    let written = fresh_dir(&tmp).and_then(|()| write(&tmp));
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
@@ -279,16 +297,20 @@ pub fn save(
     Ok(target)
 }
 
-/// Writes the two files into a fresh `dir` and syncs them.
+/// Creates `dir` empty (removing a leftover of an earlier crash).
+fn fresh_dir(dir: &Path) -> Result<(), TrainError> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
+    }
+    std::fs::create_dir(dir).map_err(io_err(dir))
+}
+
+/// Writes the two files into the empty `dir` and syncs them.
 fn write_files(
     dir: &Path,
     vars: &[(&'static str, candle_core::Var)],
     config: &CheckpointConfig,
 ) -> Result<(), TrainError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
-    }
-    std::fs::create_dir(dir).map_err(io_err(dir))?;
     let tensors: HashMap<&str, Tensor> = vars
         .iter()
         .map(|(name, var)| (*name, var.as_tensor().clone()))

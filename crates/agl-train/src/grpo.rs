@@ -11,7 +11,8 @@
 //! Responsible for one update step from (features, sampled actions, rewards); not for sampling,
 //! running rollouts or computing rewards (see `trainer` and `runner`).
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde::{Deserialize, Serialize};
 
@@ -97,6 +98,32 @@ pub fn group_advantages(rewards: &[f64]) -> Vec<f64> {
         return vec![0.0; rewards.len()];
     }
     rewards.iter().map(|r| (r - mean) / (std + 1e-6)).collect()
+}
+
+/// Global L2-norm gradient clipping (candle has none): when the joint norm of the gradients
+/// of `vars` in `grads` exceeds `max_norm`, scales them to `max_norm`. Returns the norm before
+/// clipping.
+pub(crate) fn clip_grad_norm(
+    grads: &mut GradStore,
+    vars: &[Var],
+    max_norm: f64,
+) -> Result<f64, TrainError> {
+    let mut total = 0f64;
+    for var in vars {
+        if let Some(g) = grads.get(var.as_tensor()) {
+            total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        }
+    }
+    let norm = total.sqrt();
+    if norm > max_norm {
+        let scale = max_norm / (norm + 1e-12);
+        for var in vars {
+            if let Some(g) = grads.remove(var.as_tensor()) {
+                grads.insert(var.as_tensor(), (g * scale)?);
+            }
+        }
+    }
+    Ok(norm)
 }
 
 /// What one update did.
@@ -244,22 +271,7 @@ impl Grpo {
             let per_sample = ((objective * -1.0)? + (&kl * self.config.kl_beta)?)?;
             let loss = ((per_sample * &sample_mask)?.sum_all()? / n_samples)?;
             let mut grads = loss.backward()?;
-            // global-norm clipping
-            let mut total = 0f64;
-            for var in self.policy.vars() {
-                if let Some(gr) = grads.get(var.as_tensor()) {
-                    total += f64::from(gr.sqr()?.sum_all()?.to_scalar::<f32>()?);
-                }
-            }
-            let norm = total.sqrt();
-            if norm > self.config.max_grad_norm {
-                let scale = self.config.max_grad_norm / (norm + 1e-12);
-                for var in self.policy.vars() {
-                    if let Some(gr) = grads.remove(var.as_tensor()) {
-                        grads.insert(var.as_tensor(), (gr * scale)?);
-                    }
-                }
-            }
+            let norm = clip_grad_norm(&mut grads, &self.policy.vars(), self.config.max_grad_norm)?;
             self.optimizer.step(&grads)?;
             let clipped = ((ratio.ge(1.0 + eps)?.to_dtype(DType::F32)?
                 + ratio.le(1.0 - eps)?.to_dtype(DType::F32)?)?

@@ -51,6 +51,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::TrainError;
+use crate::grpo::clip_grad_norm;
 
 /// Hyper-parameters of the LLM GRPO update.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -635,25 +636,11 @@ impl LlmGrpo {
                 });
             }
             let Some(mut grads) = acc else { break };
-            let mut total = 0f64;
-            for v in &self.vars {
-                if let Some(g) = grads.get(v.as_tensor()) {
-                    total += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
-                }
-            }
-            let norm = total.sqrt();
+            let norm = clip_grad_norm(&mut grads, &self.vars, self.config.max_grad_norm)?;
             if !norm.is_finite() {
                 return Err(TrainError::Config(format!(
                     "the gradient norm is {norm}: the update was not applied"
                 )));
-            }
-            if norm > self.config.max_grad_norm {
-                let scale = self.config.max_grad_norm / (norm + 1e-12);
-                for v in &self.vars {
-                    if let Some(g) = grads.remove(v.as_tensor()) {
-                        grads.insert(v.as_tensor(), (g * scale)?);
-                    }
-                }
             }
             self.optimizer.step(&grads)?;
             stats.loss = loss_sum;
