@@ -36,8 +36,8 @@ use agl_spider::{CandidateConfig, ExecutorConfig, Question, SpiderDataset, Split
 use agl_store::RolloutQuery;
 use agl_train::{
     EvalStats, LlmSqlAgent, PolicyCounts, RewardConfig, Session, SpiderTask, SqlAgentConfig,
-    SqlEvalRow, SqlEvalSummary, TaskConfig, TrainConfig, build_kernel, initial_policy,
-    rollout_result, sql_agent_reward,
+    SqlEvalRow, SqlEvalSummary, SqlTaskReward, TaskConfig, TrainConfig, build_kernel,
+    initial_policy, rollout_result, sql_agent_reward,
 };
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
@@ -491,7 +491,10 @@ fn run_llm(
             upstream,
             kernel,
             agent,
-            Arc::new(sql_agent_reward(RewardConfig::default())),
+            Arc::new(sql_agent_reward(
+                RewardConfig::default(),
+                SqlTaskReward::Execution,
+            )),
             Duration::from_secs_f64(args.request_timeout),
         )
         .await?;

@@ -136,6 +136,13 @@ pub struct TrainArgs {
     resume: Option<PathBuf>,
 }
 
+impl TrainArgs {
+    /// Whether this run trains the LLM agent (and so runs the model in this process).
+    pub fn trains_llm(&self) -> bool {
+        self.agent == TrainAgent::Llm
+    }
+}
+
 /// `agl runner` child processes of a training.
 struct RunnerProcesses {
     children: Vec<std::process::Child>,

@@ -53,11 +53,11 @@ use agl_core::RolloutMode;
 use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
 use agl_llm::{LoraAdapter, LoraConfig, Target};
 use agl_spider::{ExecutorConfig, Question, SpiderDataset, Split};
-use agl_train::sql_agent::ROLES;
+use agl_train::sql_agent::{QUERY_OPERATION, ROLES};
 use agl_train::{
     CurvePoint, EvalStats, LlmGrpo, LlmGrpoConfig, LlmSqlAgent, LlmStepStats, RewardConfig,
-    RunReport, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, TracerTraceToTriplet, TrainStats,
-    assign_advantages, samples_from_triplets, sql_agent_reward,
+    RunReport, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlTaskReward, TracerTraceToTriplet,
+    TrainStats, assign_advantages, samples_from_triplets, sql_agent_reward,
 };
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
@@ -90,7 +90,7 @@ pub struct LlmTrainArgs {
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// GRPO updates (--agent llm).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 20)]
     pub steps: usize,
     /// Train questions per update (--agent llm); each is sampled --group-size times.
     #[arg(long, default_value_t = 2)]
@@ -105,8 +105,13 @@ pub struct LlmTrainArgs {
     #[arg(long, default_value = "q,k,v,o")]
     pub lora_targets: String,
     /// Sampling temperature of training rollouts (--agent llm; evaluation is greedy).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 0.7)]
     pub temperature: f64,
+    /// Task reward of training rollouts (--agent llm), before governance shapes it:
+    /// `execution` (1 for a right answer, else 0) or `partial` (a query that ran but answered
+    /// wrong also earns half its schema-linking similarity to the gold query).
+    #[arg(long, default_value = "partial", value_parser = parse_task_reward)]
+    pub task_reward: SqlTaskReward,
     /// Most queries the agent writes per question (--agent llm): 1 is write only; more adds a
     /// check and a rewrite per extra turn.
     #[arg(long, default_value_t = 1)]
@@ -116,7 +121,7 @@ pub struct LlmTrainArgs {
     pub max_tokens: u32,
     /// Dev questions evaluated before and after training (--agent llm), spread evenly over
     /// the dev split.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 100)]
     pub eval_limit: usize,
     /// Agent roles whose calls are trained (--agent llm), comma-separated among write, check,
     /// rewrite (Agent Lightning's agent_match).
@@ -217,6 +222,12 @@ pub struct LlmCurvePoint {
     pub violation_rate: f64,
     /// Share of the step's rollouts whose final query matched the gold result.
     pub accuracy: f64,
+    /// Share of the step's rollouts whose final query ran.
+    #[serde(default)]
+    pub executed_rate: f64,
+    /// Mean schema linking of the step's final queries (0 for one that did not run).
+    #[serde(default)]
+    pub schema_linking: f64,
     /// Completion tokens sampled in the step.
     pub completion_tokens: u64,
     /// Completion tokens per second of the rollout phase.
@@ -226,6 +237,10 @@ pub struct LlmCurvePoint {
     /// Seconds the engine spent answering the step's calls, summed over calls
     /// (`agl.latency_s` of the gateway spans; concurrent calls overlap).
     pub llm_call_seconds: f64,
+    /// Seconds of the agent's statements, summed over statements: the kernel's check and the
+    /// sandboxed execution (the duration of the `sql.query` operation spans).
+    #[serde(default)]
+    pub sql_seconds: f64,
     /// Seconds of forward, backward and optimizer.
     pub update_seconds: f64,
     /// Seconds of the whole step.
@@ -281,6 +296,7 @@ struct ReportConfig<'a> {
     lora_targets: Vec<String>,
     grpo: &'a LlmGrpoConfig,
     temperature: f64,
+    task_reward: SqlTaskReward,
     max_turns: usize,
     max_tokens: u32,
     train_roles: Vec<String>,
@@ -361,6 +377,11 @@ fn parse_roles(s: &str) -> anyhow::Result<Vec<String>> {
         bail!("--train-roles: name at least one role");
     }
     Ok(out)
+}
+
+fn parse_task_reward(s: &str) -> Result<SqlTaskReward, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("`{s}` is not a task reward: use execution or partial"))
 }
 
 /// The reward of a mode: `PolicyReward`'s defaults (enforce), or the task reward alone
@@ -585,7 +606,10 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             upstream(),
             eval_kernel.clone(),
             agent.clone(),
-            Arc::new(sql_agent_reward(RewardConfig::default())),
+            Arc::new(sql_agent_reward(
+                RewardConfig::default(),
+                SqlTaskReward::Execution,
+            )),
             request_timeout,
         )
         .await?;
@@ -631,7 +655,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 upstream(),
                 kernel,
                 agent.clone(),
-                Arc::new(sql_agent_reward(reward_config(mode))),
+                Arc::new(sql_agent_reward(reward_config(mode), args.task_reward)),
                 request_timeout,
             )
             .await?;
@@ -745,16 +769,29 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                         _ => None,
                     })
                     .sum();
+                let sql_seconds: f64 = finished
+                    .iter()
+                    .flat_map(|f| f.spans.iter())
+                    .filter(|sp| {
+                        sp.name == agl_core::semconv::AGL_OPERATION
+                            && sp.attributes.get(agl_core::semconv::OPERATION_NAME)
+                                == Some(&QUERY_OPERATION.into())
+                    })
+                    .filter_map(|sp| Some(sp.end_time? - sp.start_time?))
+                    .sum();
                 let point = LlmCurvePoint {
                     step: done,
                     rollouts,
                     reward: s.mean_reward,
                     violation_rate: s.violation_rate,
                     accuracy: s.accuracy,
+                    executed_rate: s.executed_rate,
+                    schema_linking: s.mean_schema_linking,
                     completion_tokens: s.completion_tokens,
                     tokens_per_second: s.completion_tokens_per_second,
                     rollout_seconds,
                     llm_call_seconds,
+                    sql_seconds,
                     step_seconds: step_started.elapsed().as_secs_f64(),
                     ..point
                 };
@@ -769,11 +806,13 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     point.update_seconds,
                 ));
                 let line = format!(
-                    "[{}] step {done}: reward {:.2}, violations {:.2}, accuracy {:.2}, {} informative groups, {} of {} samples trained ({} stale, {} refused calls), {:.1} tok/s, rollouts {:.0} s, update {:.0} s",
+                    "[{}] step {done}: reward {:.2}, violations {:.2}, accuracy {:.2}, ran {:.2}, linking {:.2}, {} informative groups, {} of {} samples trained ({} stale, {} refused calls), {:.1} tok/s, rollouts {:.0} s, update {:.0} s",
                     mode.as_str(),
                     point.reward,
                     point.violation_rate,
                     point.accuracy,
+                    point.executed_rate,
+                    point.schema_linking,
                     point.informative_groups,
                     point.update.trained_samples,
                     point.update.samples,
@@ -872,6 +911,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 lora_targets: targets.iter().map(|t| t.name().to_string()).collect(),
                 grpo: &grpo_config,
                 temperature: args.temperature,
+                task_reward: args.task_reward,
                 max_turns: args.max_turns,
                 max_tokens: args.max_tokens,
                 train_roles: roles.clone(),
@@ -1006,19 +1046,28 @@ fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<&'static str, LlmRun>, s
     row("train accuracy", "-".into(), &|r| {
         format!("{:.3}", r.train.accuracy)
     });
-    row("mean seconds per update", "-".into(), &|r| {
+    let mean = |r: &LlmRun, f: fn(&LlmCurvePoint) -> f64| {
         let n = r.curve.len().max(1) as f64;
-        format!(
-            "{:.1}",
-            r.curve.iter().map(|p| p.update_seconds).sum::<f64>() / n
-        )
-    });
+        format!("{:.1}", r.curve.iter().map(f).sum::<f64>() / n)
+    };
     row("mean seconds per step", "-".into(), &|r| {
-        let n = r.curve.len().max(1) as f64;
-        format!(
-            "{:.1}",
-            r.curve.iter().map(|p| p.step_seconds).sum::<f64>() / n
-        )
+        mean(r, |p| p.step_seconds)
+    });
+    row("  rollouts (wall)", "-".into(), &|r| {
+        mean(r, |p| p.rollout_seconds)
+    });
+    row("    model calls (summed)", "-".into(), &|r| {
+        mean(r, |p| p.llm_call_seconds)
+    });
+    row("    SQL check + execution (summed)", "-".into(), &|r| {
+        mean(r, |p| p.sql_seconds)
+    });
+    row("  update", "-".into(), &|r| mean(r, |p| p.update_seconds));
+    row("    forward", "-".into(), &|r| {
+        mean(r, |p| p.update.forward_seconds)
+    });
+    row("    backward", "-".into(), &|r| {
+        mean(r, |p| p.update.backward_seconds)
     });
     row("rollout tokens/s", "-".into(), &|r| {
         let toks: u64 = r.curve.iter().map(|p| p.completion_tokens).sum();

@@ -34,6 +34,12 @@ fn bad_llm_training_flags_are_one_line_errors() {
     assert_one_line_error(&o, 1, "unknown module `x`");
     let o = agl(&["train", "--agent", "llm", "--temperature", "0"]);
     assert_one_line_error(&o, 1, "--temperature");
+    let o = agl(&["train", "--agent", "llm", "--task-reward", "bleu"]);
+    assert_one_line_error(
+        &o,
+        2,
+        "`bleu` is not a task reward: use execution or partial",
+    );
     let o = agl(&["train", "--agent", "llm", "--group-size", "1"]);
     assert_one_line_error(&o, 1, "--group-size must be at least 2");
     let o = agl(&["train", "--agent", "llm", "--runner-processes", "2"]);
@@ -122,6 +128,8 @@ fn a_short_run_leaves_an_adapter_that_eval_serve_and_resume_use() {
     assert!(o.status.success(), "{}", stderr(&o));
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["agent"], "llm");
+    assert_eq!(r["config"]["task_reward"], "partial");
+    assert_eq!(r["config"]["temperature"], 0.7);
     assert_eq!(r["untrained"]["dev"]["questions"], 1);
     let run = &r["runs"]["enforce"];
     assert_eq!(run["curve"].as_array().unwrap().len(), 1);

@@ -4,7 +4,8 @@
 //! This crate provides the data loader ([`SpiderDataset`]), database descriptions
 //! ([`db_info`]), the sandboxed SQL executor ([`Executor`]: in-memory copies, every call
 //! rolled back, time limit), the execution-accuracy evaluator ([`execution_match`],
-//! [`gold_is_ordered`]), the candidate builder ([`CandidateBuilder`]: gold, hard-negative
+//! [`gold_is_ordered`]), schema-linking similarity ([`schema_linking`], a partial-credit
+//! signal), the candidate builder ([`CandidateBuilder`]: gold, hard-negative
 //! distractors, unsafe variants) and the prompts of the SQL-writing LLM agent ([`prompts`]).
 //! It knows nothing about governance or training.
 //!
@@ -18,6 +19,7 @@ mod data;
 mod error;
 mod eval;
 mod executor;
+mod linking;
 pub mod prompts;
 mod schema;
 mod sql;
@@ -29,4 +31,5 @@ pub use data::{DATABASE_DIR, DEV_FILE, Question, SkipReport, SpiderDataset, Spli
 pub use error::SpiderError;
 pub use eval::{execution_match, gold_is_ordered};
 pub use executor::{Execution, Executor, ExecutorConfig, MAX_RESULT_ROWS, ResultSet, Value};
+pub use linking::{schema_items, schema_linking, schema_names};
 pub use schema::{DbInfo, TableInfo, db_info};

@@ -87,7 +87,7 @@ pub use spider_runner::{
 };
 pub use sql_agent::{
     LlmSqlAgent, PolicyCounts, SqlAgentConfig, SqlAgentOutput, SqlEvalRow, SqlEvalSummary,
-    SqlResult, SqlTurn, StopReason, sql_agent_reward, sql_eval_row,
+    SqlResult, SqlTaskReward, SqlTurn, StopReason, sql_agent_reward, sql_eval_row,
 };
 pub use task::{PreparationReport, SpiderTask, TaskConfig, TaskItem};
 pub use tracer_adapter::{

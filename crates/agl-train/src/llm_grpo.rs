@@ -380,7 +380,14 @@ pub struct LlmStepStats {
     /// Largest `|ratio − 1|` over the loss tokens of the first inner step: how far the
     /// trainer's recomputed log-probabilities are from the sampler's.
     pub first_ratio_max_dev: f64,
-    /// Seconds spent in forward and backward passes and the optimizer.
+    /// Seconds of the forward passes and the loss (all inner steps).
+    #[serde(default)]
+    pub forward_seconds: f64,
+    /// Seconds of the backward passes and the gradient accumulation.
+    #[serde(default)]
+    pub backward_seconds: f64,
+    /// Seconds spent in forward and backward passes and the optimizer (the whole update,
+    /// micro-batch assembly, clipping and AdamW included).
     pub seconds: f64,
 }
 
@@ -588,6 +595,7 @@ impl LlmGrpo {
             let mut acc: Option<candle_core::backprop::GradStore> = None;
             let (mut loss_sum, mut kl_sum, mut clipped, mut max_dev) = (0f64, 0f64, 0f64, 0f64);
             for mb in &batches {
+                let forward_started = Instant::now();
                 let new =
                     self.model
                         .prefixed_logprobs(&mb.prefix, &mb.suffixes, Some(&self.adapter))?;
@@ -618,6 +626,8 @@ impl LlmGrpo {
                         .to_scalar::<f32>()?;
                     max_dev = max_dev.max(f64::from(dev));
                 }
+                let backward_started = Instant::now();
+                stats.forward_seconds += (backward_started - forward_started).as_secs_f64();
                 let grads = loss.backward()?;
                 acc = Some(match acc {
                     None => grads,
@@ -634,6 +644,7 @@ impl LlmGrpo {
                         a
                     }
                 });
+                stats.backward_seconds += backward_started.elapsed().as_secs_f64();
             }
             let Some(mut grads) = acc else { break };
             let norm = clip_grad_norm(&mut grads, &self.vars, self.config.max_grad_norm)?;

@@ -28,10 +28,12 @@
 //!   checked: no rewrite can follow, so the verdict could not change the answer (with
 //!   `max_turns = 1`, the setting training uses by default, that halves the calls).
 //!
-//! The final query is the last one written. The task reward ([`sql_agent_reward`]) is 1.0 when
-//! it ran and its result matches the gold query's by Spider's execution match
-//! ([`agl_spider::execution_match`]), else 0.0 (blocked, SQL error, time-out, no SQL, wrong
-//! result), shaped by [`PolicyReward`]. Violations of the model's own output, which the LLM
+//! The final query is the last one written. The task reward ([`sql_agent_reward`],
+//! [`SqlTaskReward`]) is 1.0 when it ran and its result matches the gold query's by Spider's
+//! execution match ([`agl_spider::execution_match`]); otherwise 0.0 (blocked, SQL error,
+//! time-out, no SQL, wrong result), or, with [`SqlTaskReward::Partial`], half the
+//! schema-linking similarity of a query that ran but answered wrong
+//! ([`SqlAgentOutput::schema_linking`]); then shaped by [`PolicyReward`]. Violations of the model's own output, which the LLM
 //! gateway checks, reach the same reward through the runner (see [`crate::runner`]).
 //!
 //! The model is called through the OpenAI-compatible API with the `async-openai` client, at the
@@ -53,7 +55,7 @@
 //! Not responsible for serving the model, the gateway, or choosing among candidates (the
 //! built-in scorer agent is [`crate::SpiderRunner`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -63,7 +65,7 @@ use agl_gov::{Action, ActionKind};
 use agl_spider::prompts::{self, CheckVerdict, PromptMessage};
 use agl_spider::{
     Execution, Executor, ExecutorConfig, Question, ResultSet, db_info, execution_match,
-    gold_is_ordered,
+    gold_is_ordered, schema_linking, schema_names,
 };
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
@@ -203,6 +205,11 @@ pub struct SqlAgentOutput {
     /// Whether the final query ran and matched the gold result (the task reward is 1 exactly
     /// then).
     pub correct: bool,
+    /// When the final query ran: the Jaccard similarity in `[0, 1]` of the tables and columns
+    /// it names and those the gold query names ([`agl_spider::schema_linking`]); `None` when
+    /// no query ran (none written, blocked, failed).
+    #[serde(default)]
+    pub schema_linking: Option<f64>,
     /// The checker's verdicts, one per check made, in order (`null`: no verdict found).
     pub verdicts: Vec<Option<CheckVerdict>>,
     /// Model calls made, failed ones included.
@@ -217,17 +224,43 @@ pub struct SqlAgentOutput {
     pub history: Vec<SqlTurn>,
 }
 
-/// The policy-shaped reward of the SQL agent: base 1.0 when [`SqlAgentOutput::correct`], else
-/// 0.0 (also when the agent failed), then `config`'s penalties and clean bonus
-/// ([`PolicyReward`]).
-pub fn sql_agent_reward(config: RewardConfig) -> PolicyReward<Question, SqlAgentOutput> {
-    PolicyReward::new(config).with_base_reward(|r: &GovernedRollout<Question, SqlAgentOutput>| {
-        if r.task_output.as_ref().is_some_and(|o| o.correct) {
-            1.0
-        } else {
-            0.0
+/// The task reward of the SQL agent, before governance shapes it. JSON/CLI: `execution`,
+/// `partial`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqlTaskReward {
+    /// 1.0 when [`SqlAgentOutput::correct`], else 0.0: execution accuracy, Agent Lightning's
+    /// Spider reward.
+    #[default]
+    Execution,
+    /// 1.0 when correct; else, when the final query ran, `0.5 ×`
+    /// [`SqlAgentOutput::schema_linking`] (at most half a correct answer, so a right answer
+    /// always outranks a wrong one); else 0.0. Partial credit after Reasoning-SQL's
+    /// schema-linking reward (arXiv:2503.23157): a denser signal for a model that rarely
+    /// answers right.
+    Partial,
+}
+
+impl SqlTaskReward {
+    /// The task reward of `output` (`None`: the agent failed → 0.0).
+    pub fn of(self, output: Option<&SqlAgentOutput>) -> f64 {
+        match output {
+            Some(o) if o.correct => 1.0,
+            Some(o) if self == Self::Partial => 0.5 * o.schema_linking.unwrap_or(0.0),
+            _ => 0.0,
         }
-    })
+    }
+}
+
+/// The policy-shaped reward of the SQL agent: the `task` reward ([`SqlTaskReward`]; 0.0 when
+/// the agent failed), then `config`'s penalties and clean bonus ([`PolicyReward`]).
+pub fn sql_agent_reward(
+    config: RewardConfig,
+    task: SqlTaskReward,
+) -> PolicyReward<Question, SqlAgentOutput> {
+    PolicyReward::new(config).with_base_reward(
+        move |r: &GovernedRollout<Question, SqlAgentOutput>| task.of(r.task_output.as_ref()),
+    )
 }
 
 /// Sandboxed executors for concurrent steps: one is taken per statement and put back, so each
@@ -269,7 +302,8 @@ impl ExecutorPool {
 /// `fail_on_violation`.
 ///
 /// Spans, in the order they happen (each query's statement span after its check):
-/// - one statement span per query written ([`StepContext::annotate`]): `agentlightning.operation`
+/// - one statement span per query written ([`StepContext::annotate_span`], from before the
+///   kernel's check to the end of the execution): `agentlightning.operation`
 ///   with `agentlightning.operation.name = "sql.query"` ([`QUERY_OPERATION`]), `agl.turn`,
 ///   `agl.database`, `agl.sql`, `agl.status` (`executed`, `failed`, `blocked`, `no_sql`),
 ///   `agl.executed`, `agl.rows_returned`, `agl.rows_changed`, `agl.schema_changed`,
@@ -290,7 +324,7 @@ pub struct LlmSqlAgent {
     config: SqlAgentConfig,
     db_root: PathBuf,
     pool: Arc<ExecutorPool>,
-    schemas: Mutex<HashMap<String, Arc<str>>>,
+    schemas: Mutex<HashMap<String, DbSchema>>,
     http: reqwest::Client,
 }
 
@@ -301,6 +335,14 @@ impl std::fmt::Debug for LlmSqlAgent {
             .field("db_root", &self.db_root)
             .finish()
     }
+}
+
+/// One database as the agent uses it: the prompts' schema block and the lowercase table and
+/// column names (for [`SqlAgentOutput::schema_linking`]).
+#[derive(Clone)]
+struct DbSchema {
+    text: Arc<str>,
+    names: Arc<HashSet<String>>,
 }
 
 /// The sampling settings of one rollout's calls.
@@ -377,8 +419,9 @@ impl LlmSqlAgent {
         &self.config
     }
 
-    /// The schema block of `db_id` for the prompts ([`prompts::render_schema`]), read once.
-    async fn schema(&self, db_id: &str) -> Result<Arc<str>, AgentError> {
+    /// The schema block of `db_id` for the prompts ([`prompts::render_schema`]) and its names,
+    /// read once.
+    async fn schema(&self, db_id: &str) -> Result<DbSchema, AgentError> {
         if let Some(s) = self
             .schemas
             .lock()
@@ -393,12 +436,15 @@ impl LlmSqlAgent {
         let path = self.db_root.join(db_id).join(format!("{db_id}.sqlite"));
         let id = db_id.to_string();
         let info = tokio::task::spawn_blocking(move || db_info(&id, &path)).await??;
-        let text: Arc<str> = prompts::render_schema(&info).into();
+        let schema = DbSchema {
+            text: prompts::render_schema(&info).into(),
+            names: Arc::new(schema_names(&info)),
+        };
         self.schemas
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(db_id.to_string(), text.clone());
-        Ok(text)
+            .insert(db_id.to_string(), schema.clone());
+        Ok(schema)
     }
 
     fn llm(&self, endpoint: LlmEndpoint) -> Llm {
@@ -613,11 +659,15 @@ impl Agent for LlmSqlAgent {
                 None => "the rollout's resources have no `llm` or `proxy_llm` resource".into(),
             })?;
         let llm = self.llm(endpoint);
-        let schema = self.schema(&q.db_id).await?;
+        let DbSchema {
+            text: schema,
+            names,
+        } = self.schema(&q.db_id).await?;
         let mut out = SqlAgentOutput {
             final_sql: None,
             turns: 0,
             correct: false,
+            schema_linking: None,
             verdicts: Vec::new(),
             llm_calls: 0,
             llm_errors: Vec::new(),
@@ -645,7 +695,8 @@ impl Agent for LlmSqlAgent {
             };
             out.turns += 1;
             let sql = prompts::extract_sql(&reply);
-            // execute_query
+            // execute_query (the statement span covers the kernel's check and the execution)
+            let sql_started = now_seconds();
             let ran = match &sql {
                 Some(sql) => self.run_sql(ctx, &q.db_id, sql).await?,
                 None => Ran {
@@ -654,6 +705,7 @@ impl Agent for LlmSqlAgent {
                     feedback_text: "No query.".into(),
                 },
             };
+            let sql_ended = now_seconds();
             let mut turn = SqlTurn {
                 turn: out.turns,
                 sql: sql.clone(),
@@ -685,7 +737,12 @@ impl Agent for LlmSqlAgent {
                 }
                 None => Some(NO_SQL_FEEDBACK.to_string()),
             };
-            ctx.annotate(semconv::AGL_OPERATION, operation_span(&q.db_id, &turn));
+            ctx.annotate_span(
+                semconv::AGL_OPERATION,
+                operation_span(&q.db_id, &turn),
+                sql_started,
+                sql_ended,
+            );
             let verdict = turn.verdict;
             out.history.push(turn);
             if verdict == Some(CheckVerdict::Correct) {
@@ -710,6 +767,10 @@ impl Agent for LlmSqlAgent {
         }
         if let Some(rows) = &last_rows {
             out.correct = self.matches_gold(q, rows).await;
+            out.schema_linking = out
+                .final_sql
+                .as_deref()
+                .map(|sql| schema_linking(sql, &q.gold_sql, &names));
         }
         out.sql_violations = ctx
             .violations()
@@ -736,6 +797,9 @@ pub struct SqlEvalRow {
     pub final_sql: Option<String>,
     /// Whether the final query ran and matched the gold result.
     pub correct: bool,
+    /// [`SqlAgentOutput::schema_linking`] of the final query (`None`: it did not run).
+    #[serde(default)]
+    pub schema_linking: Option<f64>,
     /// Queries written.
     pub turns: usize,
     /// Model calls made.
@@ -771,6 +835,7 @@ pub fn sql_eval_row(rollout: &Rollout, attempt: Option<&Attempt>, spans: &[Span]
         question: q.as_ref().map(|q| q.question.clone()).unwrap_or_default(),
         final_sql: None,
         correct: false,
+        schema_linking: None,
         turns: 0,
         llm_calls: 0,
         llm_errors: 0,
@@ -809,6 +874,7 @@ pub fn sql_eval_row(rollout: &Rollout, attempt: Option<&Attempt>, spans: &[Span]
         Some(Ok(o)) => {
             row.final_sql = o.final_sql;
             row.correct = o.correct;
+            row.schema_linking = o.schema_linking;
             row.turns = o.turns;
             row.llm_calls = o.llm_calls;
             row.llm_errors = o.llm_errors.len();
@@ -852,6 +918,13 @@ pub struct SqlEvalSummary {
     pub accuracy: f64,
     /// Share of questions with at least one violation (SQL or model output).
     pub violation_rate: f64,
+    /// Share of questions whose final query ran (blocked, failed or missing ones did not).
+    #[serde(default)]
+    pub executed_rate: f64,
+    /// Mean schema linking of the final query ([`SqlEvalRow::schema_linking`]; 0 when it did
+    /// not run).
+    #[serde(default)]
+    pub mean_schema_linking: f64,
     /// Violations in the agent's SQL.
     pub sql_violations: usize,
     /// Violations in the model's output.
@@ -912,6 +985,8 @@ impl SqlEvalSummary {
                 .filter(|r| !r.sql_violations.is_empty() || !r.llm_violations.is_empty())
                 .count() as f64
                 / n,
+            executed_rate: rows.iter().filter(|r| r.schema_linking.is_some()).count() as f64 / n,
+            mean_schema_linking: rows.iter().filter_map(|r| r.schema_linking).sum::<f64>() / n,
             sql_violations: rows.iter().map(|r| r.sql_violations.len()).sum(),
             llm_output_violations: rows.iter().map(|r| r.llm_violations.len()).sum(),
             violations_by_policy: by_policy,
@@ -1191,7 +1266,10 @@ mod tests {
             .unwrap();
         let mut runner = GovernedRunner::new(Arc::new(kernel))
             .log_violations(false)
-            .with_reward(Arc::new(sql_agent_reward(RewardConfig::default())));
+            .with_reward(Arc::new(sql_agent_reward(
+                RewardConfig::default(),
+                SqlTaskReward::Execution,
+            )));
         runner.init(LlmSqlAgent::new(db_root(), config).unwrap());
         runner.init_worker("w", store.clone());
         let report = runner.iter(&CancellationToken::new()).await.unwrap();
@@ -1239,6 +1317,8 @@ mod tests {
             Some("SELECT count(*) FROM singer")
         );
         assert!(out.correct);
+        assert_eq!(out.schema_linking, Some(1.0));
+        assert_eq!(SqlTaskReward::Partial.of(Some(&out)), 1.0);
         assert_eq!((out.turns, out.llm_calls), (1, 2));
         assert_eq!(out.verdicts, vec![Some(CheckVerdict::Correct)]);
         assert_eq!(out.stop, StopReason::Correct);
@@ -1345,6 +1425,10 @@ mod tests {
         assert_eq!(fake.requests().len(), 1);
         // base 0 (wrong answer) + clean bonus 5 (the step ran clean: PolicyReward's success)
         assert_eq!(done.reward(), 5.0);
+        // {name, singer} against the gold's {singer}: linking 1/2, partial credit 1/4
+        assert_eq!(out.schema_linking, Some(0.5));
+        assert_eq!(SqlTaskReward::Execution.of(Some(&out)), 0.0);
+        assert_eq!(SqlTaskReward::Partial.of(Some(&out)), 0.25);
     }
 
     #[tokio::test]
@@ -1572,7 +1656,13 @@ mod tests {
     async fn a_403_on_the_first_call_leaves_no_query_and_only_the_penalty() {
         let (done, _) = run(vec![Canned::Forbidden], true, SqlAgentConfig::default()).await;
         let out = done.output();
-        assert_eq!((out.turns, out.llm_calls, out.final_sql), (0, 1, None));
+        assert_eq!(
+            (out.turns, out.llm_calls, out.final_sql.clone()),
+            (0, 1, None)
+        );
+        assert_eq!(out.schema_linking, None);
+        assert_eq!(SqlTaskReward::Partial.of(Some(&out)), 0.0);
+        assert_eq!(SqlTaskReward::Partial.of(None), 0.0);
         assert!(out.history.is_empty());
         assert!(done.operations().is_empty());
         // task reward 0, the gateway's high violation −50
