@@ -110,7 +110,7 @@ pub struct LlmTrainArgs {
     /// Task reward of training rollouts (--agent llm), before governance shapes it:
     /// `execution` (1 for a right answer, else 0) or `partial` (a query that ran but answered
     /// wrong also earns half its schema-linking similarity to the gold query).
-    #[arg(long, default_value = "partial", value_parser = parse_task_reward)]
+    #[arg(long, default_value = "execution", value_parser = parse_task_reward)]
     pub task_reward: SqlTaskReward,
     /// Most queries the agent writes per question (--agent llm): 1 is write only; more adds a
     /// check and a rewrite per extra turn.
@@ -1060,7 +1060,11 @@ fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<&'static str, LlmRun>, s
         mean(r, |p| p.llm_call_seconds)
     });
     row("    SQL check + execution (summed)", "-".into(), &|r| {
-        mean(r, |p| p.sql_seconds)
+        let n = r.curve.len().max(1) as f64;
+        format!(
+            "{:.3}",
+            r.curve.iter().map(|p| p.sql_seconds).sum::<f64>() / n
+        )
     });
     row("  update", "-".into(), &|r| mean(r, |p| p.update_seconds));
     row("    forward", "-".into(), &|r| {

@@ -128,7 +128,7 @@ fn a_short_run_leaves_an_adapter_that_eval_serve_and_resume_use() {
     assert!(o.status.success(), "{}", stderr(&o));
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["agent"], "llm");
-    assert_eq!(r["config"]["task_reward"], "partial");
+    assert_eq!(r["config"]["task_reward"], "execution");
     assert_eq!(r["config"]["temperature"], 0.7);
     assert_eq!(r["untrained"]["dev"]["questions"], 1);
     let run = &r["runs"]["enforce"];

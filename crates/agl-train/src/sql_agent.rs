@@ -986,7 +986,12 @@ impl SqlEvalSummary {
                 .count() as f64
                 / n,
             executed_rate: rows.iter().filter(|r| r.schema_linking.is_some()).count() as f64 / n,
-            mean_schema_linking: rows.iter().filter_map(|r| r.schema_linking).sum::<f64>() / n,
+            // fold from +0.0: an empty f64 sum is −0.0
+            mean_schema_linking: rows
+                .iter()
+                .filter_map(|r| r.schema_linking)
+                .fold(0.0, |a, x| a + x)
+                / n,
             sql_violations: rows.iter().map(|r| r.sql_violations.len()).sum(),
             llm_output_violations: rows.iter().map(|r| r.llm_violations.len()).sum(),
             violations_by_policy: by_policy,
