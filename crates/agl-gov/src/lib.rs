@@ -15,7 +15,9 @@
 //!   [`Signal`]s (`SIGSTOP`, `SIGKILL`, `SIGCONT`, as the Agent OS kernel names them). It is
 //!   `Send + Sync`; share it through an `Arc`.
 //! * Built-in policies, one file each under [`policies`]: [`SqlPolicy`] (`sql_safety`),
-//!   [`CostControlPolicy`] (`cost_control`), [`ToolPolicy`] (`tool_policy`),
+//!   [`CostControlPolicy`] (`cost_control`), [`ResourceLimitsPolicy`] (`resource_limits`:
+//!   blob/string builders, unbounded recursion, cartesian products), [`ToolPolicy`]
+//!   (`tool_policy`),
 //!   [`RateLimitPolicy`] (`rate_limit`), [`ContentPolicy`] (`content_safety`) and
 //!   [`CedarPolicy`] (`cedar`, authorisation with the Cedar policy language).
 //! * [`PolicyFile`]: YAML files declaring a kernel, and the presets `strict`, `standard`,
@@ -56,8 +58,9 @@ pub use policies::{
     ANONYMOUS_KEY, ArgConstraint, CEDAR_POLICY_NAME, CEDAR_SCHEMA, CONTENT_POLICY_NAME,
     CedarConfig, CedarPolicy, Clock, ContentPolicy, ContentPolicyConfig, CostConfig,
     CostControlPolicy, CostEstimate, DenyAction, Detector, PiiAction, RATE_LIMIT_POLICY_NAME,
-    RateLimitConfig, RateLimitPolicy, SqlPolicy, SqlPolicyConfig, StatementKind, TOOL_POLICY_NAME,
-    TableStats, ToolPolicy, ToolPolicyConfig,
+    RESOURCE_POLICY_NAME, RateLimitConfig, RateLimitPolicy, ResourceLimitsConfig,
+    ResourceLimitsPolicy, SqlPolicy, SqlPolicyConfig, StatementKind, TOOL_POLICY_NAME, TableStats,
+    ToolPolicy, ToolPolicyConfig,
 };
 pub use policy_file::{
     BuildEnv, BuiltPolicy, DEFAULT_PRESET, POLICY_FILE_VERSION, PRESETS, PolicyConfig, PolicyFile,

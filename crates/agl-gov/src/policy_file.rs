@@ -12,8 +12,8 @@
 //! description: "..."         # optional, free text
 //! mode: enforce              # optional: enforce (default) | audit
 //! policies:                  # run in this order
-//!   - type: sql_safety       # sql_safety | cost_control | tool_policy | rate_limit |
-//!                            # content_safety | cedar
+//!   - type: sql_safety       # sql_safety | cost_control | resource_limits | tool_policy |
+//!                            # rate_limit | content_safety | cedar
 //!     name: sql_safety       # optional: name recorded in violations (default: the type)
 //!     severity: critical     # optional: replaces the severity of every finding
 //!     penalty: 100           # optional: reward penalty (positive units) of every finding
@@ -22,8 +22,8 @@
 //!     config: { ... }        # optional: the policy's own configuration (defaults when absent)
 //! ```
 //! The `config` of each type is the serde form of its configuration struct
-//! ([`SqlPolicyConfig`], [`CostConfig`], [`ToolPolicyConfig`], [`RateLimitConfig`],
-//! [`ContentPolicyConfig`], [`CedarConfig`]); unknown fields are errors everywhere. Cedar
+//! ([`SqlPolicyConfig`], [`CostConfig`], [`ResourceLimitsConfig`], [`ToolPolicyConfig`],
+//! [`RateLimitConfig`], [`ContentPolicyConfig`], [`CedarConfig`]); unknown fields are errors everywhere. Cedar
 //! `files` are resolved relative to the policy file's directory (the current directory for
 //! presets).
 //!
@@ -45,8 +45,8 @@ use crate::error::GovError;
 use crate::kernel::{Kernel, Policy, PolicyOptions};
 use crate::policies::{
     CedarConfig, CedarPolicy, ContentPolicy, ContentPolicyConfig, CostConfig, CostControlPolicy,
-    RateLimitConfig, RateLimitPolicy, SqlPolicy, SqlPolicyConfig, TableStats, ToolPolicy,
-    ToolPolicyConfig,
+    RateLimitConfig, RateLimitPolicy, ResourceLimitsConfig, ResourceLimitsPolicy, SqlPolicy,
+    SqlPolicyConfig, TableStats, ToolPolicy, ToolPolicyConfig,
 };
 use crate::types::GovernanceMode;
 
@@ -81,6 +81,8 @@ pub enum PolicyType {
     SqlSafety,
     /// [`CostControlPolicy`].
     CostControl,
+    /// [`ResourceLimitsPolicy`].
+    ResourceLimits,
     /// [`ToolPolicy`].
     ToolPolicy,
     /// [`RateLimitPolicy`].
@@ -97,6 +99,7 @@ impl PolicyType {
         match self {
             PolicyType::SqlSafety => "sql_safety",
             PolicyType::CostControl => "cost_control",
+            PolicyType::ResourceLimits => "resource_limits",
             PolicyType::ToolPolicy => "tool_policy",
             PolicyType::RateLimit => "rate_limit",
             PolicyType::ContentSafety => "content_safety",
@@ -118,6 +121,8 @@ pub enum PolicyConfig {
     SqlSafety(SqlPolicyConfig),
     /// `cost_control`.
     CostControl(CostConfig),
+    /// `resource_limits`.
+    ResourceLimits(ResourceLimitsConfig),
     /// `tool_policy`.
     ToolPolicy(ToolPolicyConfig),
     /// `rate_limit`.
@@ -134,6 +139,7 @@ impl PolicyConfig {
         match self {
             PolicyConfig::SqlSafety(_) => PolicyType::SqlSafety,
             PolicyConfig::CostControl(_) => PolicyType::CostControl,
+            PolicyConfig::ResourceLimits(_) => PolicyType::ResourceLimits,
             PolicyConfig::ToolPolicy(_) => PolicyType::ToolPolicy,
             PolicyConfig::RateLimit(_) => PolicyType::RateLimit,
             PolicyConfig::ContentSafety(_) => PolicyType::ContentSafety,
@@ -145,6 +151,9 @@ impl PolicyConfig {
         match t {
             PolicyType::SqlSafety => PolicyConfig::SqlSafety(SqlPolicyConfig::default()),
             PolicyType::CostControl => PolicyConfig::CostControl(CostConfig::default()),
+            PolicyType::ResourceLimits => {
+                PolicyConfig::ResourceLimits(ResourceLimitsConfig::default())
+            }
             PolicyType::ToolPolicy => PolicyConfig::ToolPolicy(ToolPolicyConfig::default()),
             PolicyType::RateLimit => PolicyConfig::RateLimit(RateLimitConfig::default()),
             PolicyType::ContentSafety => {
@@ -379,6 +388,7 @@ impl PolicyFile {
                 c.clone(),
                 env.table_stats.clone(),
             )?),
+            PolicyConfig::ResourceLimits(c) => Box::new(ResourceLimitsPolicy::try_new(c.clone())?),
             PolicyConfig::ToolPolicy(c) => Box::new(ToolPolicy::new(c.clone())?),
             PolicyConfig::RateLimit(c) => Box::new(RateLimitPolicy::new(c.clone())?),
             PolicyConfig::ContentSafety(c) => Box::new(ContentPolicy::new(c.clone())?),
@@ -618,6 +628,9 @@ impl<'de> DeserializeSeed<'de> for ConfigSeed {
         Ok(match self.0 {
             PolicyType::SqlSafety => PolicyConfig::SqlSafety(Deserialize::deserialize(d)?),
             PolicyType::CostControl => PolicyConfig::CostControl(Deserialize::deserialize(d)?),
+            PolicyType::ResourceLimits => {
+                PolicyConfig::ResourceLimits(Deserialize::deserialize(d)?)
+            }
             PolicyType::ToolPolicy => PolicyConfig::ToolPolicy(Deserialize::deserialize(d)?),
             PolicyType::RateLimit => PolicyConfig::RateLimit(Deserialize::deserialize(d)?),
             PolicyType::ContentSafety => PolicyConfig::ContentSafety(Deserialize::deserialize(d)?),
@@ -738,6 +751,43 @@ mod tests {
         let e = f.build(&BuildEnv::default()).unwrap_err().to_string();
         assert!(
             e.starts_with("p.yaml:3:") && e.contains("policies[0].penalty") && e.contains("≥ 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn resource_limits_entries_are_read_and_validated() {
+        let f = PolicyFile::parse(
+            "version: 1\npolicies:\n  - type: resource_limits\n    config:\n      max_bytes: 16\n",
+            "p.yaml",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            f.policies[0].config,
+            PolicyConfig::ResourceLimits(ResourceLimitsConfig {
+                max_bytes: 16,
+                ..ResourceLimitsConfig::default()
+            })
+        );
+        let k = f.build(&BuildEnv::default()).unwrap();
+        assert_eq!(k.policy_names(), vec!["resource_limits"]);
+
+        let (line, field, msg) = err(
+            "version: 1\npolicies:\n  - type: resource_limits\n    config:\n      max_rows: 3\n",
+        );
+        assert_eq!(line, Some(5));
+        assert!(msg.contains("unknown field `max_rows`"), "{field}: {msg}");
+
+        let f = PolicyFile::parse(
+            "version: 1\npolicies:\n  - type: resource_limits\n    config: { max_cross_joined_tables: 0 }\n",
+            "p.yaml",
+            None,
+        )
+        .unwrap();
+        let e = f.build(&BuildEnv::default()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("p.yaml:3:") && e.contains("policies[0].config.max_cross_joined_tables"),
             "{e}"
         );
     }

@@ -4,8 +4,20 @@
 //! wrapped in random comments) must be BLOCKED by the default `SqlPolicy` in enforce mode;
 //! every line of `tests/data/benign_sql.txt` must be allowed. Property tests: case, whitespace
 //! and comment insertion never yields Allow; no input panics the kernel.
+//!
+//! Resource exhaustion: every line of `tests/data/resource_exhaustion_sql.txt` (huge blobs and
+//! strings, unbounded recursion, wide cartesian products), as written, lowercased, uppercased
+//! and wrapped in comments, must be BLOCKED by the `strict` and `standard` example kernels with
+//! a `resource_limits` violation; every line of `tests/data/resource_benign_sql.txt` must
+//! execute under both without one. Property tests: `zeroblob(n)` and `printf('%.*c', n, …)`
+//! are blocked iff `n` exceeds `max_bytes`, a product of `k` relations iff `k` exceeds
+//! `max_cross_joined_tables`, a recursive CTE's LIMIT bounds it iff it is within
+//! `max_recursive_rows`; no input panics the policy.
 
-use agl_gov::{Action, Decision, GovernanceMode, Kernel, SqlDialect, SqlPolicy, Verdict};
+use agl_gov::{
+    Action, Decision, GovernanceMode, Kernel, RESOURCE_POLICY_NAME, ResourceLimitsConfig,
+    ResourceLimitsPolicy, SqlDialect, SqlPolicy, Verdict,
+};
 use proptest::prelude::*;
 
 /// Decodes `\t \n \r \f \0 \\ \u{XXXX}` escapes of a corpus line.
@@ -171,6 +183,131 @@ fn every_adversarial_input_is_blocked_by_the_strict_and_standard_examples() {
     }
 }
 
+/// The `strict` and `standard` kernels as `agl policy check` builds them from
+/// `examples/policies/` (kept identical to the presets by a unit test).
+fn example_kernels() -> Vec<(&'static str, Kernel)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/policies");
+    ["strict", "standard"]
+        .into_iter()
+        .map(|preset| {
+            let file = agl_gov::PolicyFile::load(&dir.join(format!("{preset}.yaml"))).unwrap();
+            (preset, file.build(&agl_gov::BuildEnv::default()).unwrap())
+        })
+        .collect()
+}
+
+fn has_resource_violation(d: &Decision) -> bool {
+    d.violations
+        .iter()
+        .any(|v| v.policy == RESOURCE_POLICY_NAME)
+}
+
+/// The acceptance check of resource exhaustion: every statement of the corpus (and its
+/// lowercase, uppercase and comment-wrapped variants) is blocked by `strict` and `standard`,
+/// with `resource_limits` among the reasons (unless a variant no longer parses).
+#[test]
+fn every_resource_exhaustion_input_is_blocked_by_the_strict_and_standard_examples() {
+    let lines = corpus(include_str!("data/resource_exhaustion_sql.txt"));
+    assert!(lines.len() >= 100, "corpus has only {} lines", lines.len());
+    for (preset, k) in example_kernels() {
+        let mut tried = 0usize;
+        let mut escaped = Vec::new();
+        for (dialect, sql, raw) in &lines {
+            let variants = [
+                sql.clone(),
+                sql.to_lowercase(),
+                sql.to_uppercase(),
+                format!("/* resource */ {sql}\n-- end\n"),
+            ];
+            for (i, variant) in variants.into_iter().enumerate() {
+                tried += 1;
+                let d = check(&k, *dialect, &variant);
+                // resource_limits must be among the reasons, except for a case variant that
+                // no longer parses (`0X3B9ACA00` does not tokenize): sql_safety blocks it.
+                let unparsable =
+                    i > 0 && agl_gov::parse_sql(&variant, *dialect).statements().is_err();
+                if d.verdict != Verdict::Block || !(has_resource_violation(&d) || unparsable) {
+                    escaped.push(format!(
+                        "{raw}\n  as {variant:?}: {:?} {:?}",
+                        d.verdict, d.violations
+                    ));
+                }
+            }
+        }
+        if escaped.is_empty() {
+            println!(
+                "examples/policies/{preset}.yaml: tried {tried} resource-exhaustion statements, all blocked"
+            );
+        } else {
+            println!(
+                "examples/policies/{preset}.yaml: tried {tried} resource-exhaustion statements, {} blocked",
+                tried - escaped.len()
+            );
+        }
+        assert!(
+            escaped.is_empty(),
+            "{preset} let through:\n{}",
+            escaped.join("\n")
+        );
+    }
+}
+
+/// Benign look-alikes (`WITH RECURSIVE … LIMIT 10`, `zeroblob(16)`, four-way products, long
+/// chains of constrained joins) execute under both kernels without a `resource_limits`
+/// violation.
+#[test]
+fn benign_resource_look_alikes_execute_under_strict_and_standard() {
+    let lines = corpus(include_str!("data/resource_benign_sql.txt"));
+    assert!(lines.len() >= 25);
+    for (preset, k) in example_kernels() {
+        for (dialect, sql, raw) in &lines {
+            k.reset(); // strict's rate limit counts executed actions
+            let d = check(&k, *dialect, sql);
+            assert!(
+                d.executes() && !has_resource_violation(&d),
+                "{preset}: {raw}: {:?} {:?}",
+                d.verdict,
+                d.violations
+            );
+        }
+        println!(
+            "examples/policies/{preset}.yaml: {} benign resource look-alikes executed",
+            lines.len()
+        );
+    }
+}
+
+/// No Spider gold query (1,034 dev, 8,659 train, of which 2 do not parse) is a resource-limits
+/// finding: the defaults sit above what real text-to-SQL needs.
+#[test]
+fn spider_gold_queries_are_within_resource_limits() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider");
+    let policy = ResourceLimitsPolicy::default();
+    for (file, expected) in [("dev_gold.sql", 1034usize), ("train_gold.sql", 8659)] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let (mut checked, mut unparsed) = (0usize, 0usize);
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let sql = line.split('\t').next().unwrap();
+            let parsed = agl_gov::parse_sql(sql, SqlDialect::Sqlite);
+            // Text sql_safety rejects gets no resource finding by design.
+            let Ok(statements) = parsed.statements() else {
+                unparsed += 1;
+                continue;
+            };
+            let findings = policy.check_statements(statements, SqlDialect::Sqlite);
+            assert!(findings.is_empty(), "{file}: {sql}: {findings:?}");
+            checked += 1;
+        }
+        assert_eq!(checked + unparsed, expected, "{file}");
+        if file == "dev_gold.sql" {
+            assert_eq!(unparsed, 0, "every dev gold query parses");
+        }
+        println!(
+            "{file}: {checked} gold queries within every resource limit ({unparsed} do not parse)"
+        );
+    }
+}
+
 #[test]
 fn every_benign_input_is_allowed() {
     let lines = corpus(include_str!("data/benign_sql.txt"));
@@ -315,5 +452,106 @@ proptest! {
     ) {
         let policy = SqlPolicy::default();
         let _ = policy.check_parsed(&agl_gov::parse_sql(&s, SqlDialect::ALL[d]));
+    }
+}
+
+fn resource_kernel() -> Kernel {
+    Kernel::new(GovernanceMode::Enforce).with_policy(ResourceLimitsPolicy::default())
+}
+
+fn resource_blocked(sql: &str) -> bool {
+    let d = check(&resource_kernel(), SqlDialect::Sqlite, sql);
+    d.verdict == Verdict::Block
+}
+
+/// Sizes around the limit, small sizes and arbitrary `u64`s.
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..2_000_000,
+        999_990u64..1_000_010,
+        any::<u64>(),
+        Just(1_000_000_000),
+    ]
+}
+
+/// `n` written as an integer, a real with exponent, a text literal or an integer CAST.
+fn spell(n: u64, how: usize) -> String {
+    match how {
+        0 => n.to_string(),
+        1 => format!("{n}e0"),
+        2 => format!("'{n}'"),
+        _ => format!("CAST({n} AS INTEGER)"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn blob_builders_are_blocked_iff_they_request_more_than_max_bytes(
+        n in size(),
+        how in 0..4usize,
+        f in prop::sample::select(vec!["zeroblob", "ZEROBLOB", "randomblob", "RandomBlob"]),
+    ) {
+        let max = ResourceLimitsConfig::default().max_bytes;
+        let sql = format!("SELECT {f}({})", spell(n, how));
+        prop_assert_eq!(resource_blocked(&sql), n > max, "{}", sql);
+    }
+
+    #[test]
+    fn printf_precision_is_blocked_iff_above_max_bytes(
+        n in size(),
+        how in 0..4usize,
+        f in prop::sample::select(vec!["printf", "PRINTF", "format"]),
+        star in any::<bool>(),
+    ) {
+        let max = ResourceLimitsConfig::default().max_bytes;
+        let sql = if star {
+            format!("SELECT {f}('%.*c', {}, 'x')", spell(n, how))
+        } else {
+            format!("SELECT {f}('%.{n}c', 'x')")
+        };
+        // One conversion of max(width, precision, 1) bytes and no other text.
+        prop_assert_eq!(resource_blocked(&sql), n.max(1) > max, "{}", sql);
+    }
+
+    #[test]
+    fn products_are_blocked_iff_wider_than_the_limit(
+        k in 1usize..12,
+        sep in prop::sample::select(vec![", ", " CROSS JOIN ", " JOIN ", ",\n", " JOIN t0 ON 1=1, "]),
+    ) {
+        let max = ResourceLimitsConfig::default().max_cross_joined_tables;
+        let from = (1..=k).map(|i| format!("t{i}")).collect::<Vec<_>>().join(sep);
+        let sql = format!("SELECT count(*) FROM {from}");
+        // The ON 1=1 separator joins one more relation (t0) each time, without a constraint.
+        let width = if sep.contains("ON") { 2 * k - 1 } else { k };
+        prop_assert_eq!(resource_blocked(&sql), width > max, "{}", sql);
+    }
+
+    #[test]
+    fn a_recursive_limit_bounds_iff_within_max_recursive_rows(
+        n in size(),
+        how in 0..4usize,
+        inner in any::<bool>(),
+    ) {
+        let max = ResourceLimitsConfig::default().max_recursive_rows;
+        let limit = spell(n, how);
+        let sql = if inner {
+            format!("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT {limit}) SELECT count(*) FROM c")
+        } else {
+            format!("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT x FROM c LIMIT {limit}")
+        };
+        prop_assert_eq!(resource_blocked(&sql), n > max, "{}", sql);
+    }
+
+    #[test]
+    fn resource_shaped_strings_never_panic(
+        s in "(SELECT|WITH|RECURSIVE|c|AS|UNION ALL|FROM|LIMIT|WHERE|JOIN|ON|CROSS|zeroblob|printf|randomblob|repeat|'%.*c'|'%1000d'|'%*%'|'1e9'|1e9|-|\\*|/|%|\\|\\||\\(|\\)|,|x| |0|CAST|INT){0,40}",
+        d in 0..4usize,
+    ) {
+        let parsed = agl_gov::parse_sql(&s, SqlDialect::ALL[d]);
+        if let Ok(statements) = parsed.statements() {
+            let _ = ResourceLimitsPolicy::default().check_statements(statements, SqlDialect::ALL[d]);
+        }
     }
 }

@@ -14,7 +14,14 @@
 //!   settings such as `reverse_unordered_selects` would otherwise outlive the rollback); denied
 //!   statements fail with [`SpiderError::Sql`] ("not authorized");
 //! - a progress handler interrupts the input once the time limit has passed;
-//! - results larger than [`MAX_RESULT_ROWS`] rows fail with [`SpiderError::Sql`];
+//! - results larger than [`MAX_RESULT_ROWS`] rows, or larger in memory than
+//!   [`SqliteLimits::max_result_bytes`], fail with [`SpiderError::Sql`];
+//! - SQLite's own per-connection limits are capped before every call ([`SqliteLimits`]: the
+//!   largest string or blob, the longest SQL text, the most terms of a compound SELECT), so a
+//!   statement that asks for a huge value (`randomblob(1e9)`, `hex(zeroblob(5e8))`, which
+//!   governance blocks but a policy could miss) fails at once with SQLite's "string or blob too
+//!   big" (`printf('%.*c', 1e9, 'x')` returns NULL) instead of allocating the gigabyte SQLite's
+//!   default limit allows;
 //! - foreign keys are not enforced (`PRAGMA foreign_keys = OFF`, SQLite's and Python's
 //!   `sqlite3` default, which the Spider evaluation scripts use; the bundled SQLite would
 //!   otherwise enforce them);
@@ -30,6 +37,7 @@ use std::time::{Duration, Instant};
 use rusqlite::backup::Backup;
 use rusqlite::fallible_iterator::FallibleIterator;
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::limits::Limit;
 use rusqlite::types::ValueRef;
 use rusqlite::{Batch, Connection, ErrorCode};
 use serde::{Deserialize, Serialize};
@@ -143,11 +151,59 @@ impl Default for ExecutorConfig {
     }
 }
 
+/// Caps on what one [`Executor::execute`] call may allocate, so that SQL a policy missed
+/// fails inside SQLite (or with [`SpiderError::Sql`]) instead of exhausting memory. The first
+/// three are SQLite's own per-connection limits (`sqlite3_limit`), set on the in-memory copy
+/// before every call; values above `i32::MAX` mean `i32::MAX` (SQLite then applies its
+/// compile-time maximum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteLimits {
+    /// Largest string, blob or table row a statement may create, in bytes
+    /// (`SQLITE_LIMIT_LENGTH`; default 10,000,000, above every value of the Spider databases,
+    /// whose largest file is under 4 MB). A statement that exceeds it fails with SQLite's
+    /// "string or blob too big" ([`SpiderError::Sql`]) without allocating the value.
+    pub max_value_bytes: u32,
+    /// Longest SQL text, in bytes (`SQLITE_LIMIT_SQL_LENGTH`; default 1,000,000). Longer text
+    /// fails with [`SpiderError::Sql`].
+    pub max_sql_bytes: u32,
+    /// Most SELECTs in one compound SELECT (`UNION`, `INTERSECT`, `EXCEPT`)
+    /// (`SQLITE_LIMIT_COMPOUND_SELECT`; default 500, SQLite's own default, pinned here).
+    pub max_compound_selects: u32,
+    /// Largest result one statement may hold in memory, in bytes (default 100,000,000):
+    /// `size_of::<Value>()` per value plus the bytes of each text and blob, plus
+    /// `size_of::<Vec<Value>>()` per row. A larger result fails with [`SpiderError::Sql`].
+    pub max_result_bytes: usize,
+}
+
+impl Default for SqliteLimits {
+    fn default() -> Self {
+        Self {
+            max_value_bytes: 10_000_000,
+            max_sql_bytes: 1_000_000,
+            max_compound_selects: 500,
+            max_result_bytes: 100_000_000,
+        }
+    }
+}
+
+/// Sets SQLite's per-connection limits of `limits` on `conn`.
+fn apply_limits(conn: &Connection, limits: &SqliteLimits) -> rusqlite::Result<()> {
+    let clamp = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, clamp(limits.max_value_bytes))?;
+    conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, clamp(limits.max_sql_bytes))?;
+    conn.set_limit(
+        Limit::SQLITE_LIMIT_COMPOUND_SELECT,
+        clamp(limits.max_compound_selects),
+    )?;
+    Ok(())
+}
+
 /// Runs SQL against in-memory copies of the Spider databases. Create one per worker thread
 /// (it is `Send`, not `Sync`); it caches one in-memory copy per `db_id`.
 pub struct Executor {
     db_root: PathBuf,
     config: ExecutorConfig,
+    limits: SqliteLimits,
     conns: HashMap<String, Connection>,
 }
 
@@ -156,6 +212,7 @@ impl std::fmt::Debug for Executor {
         f.debug_struct("Executor")
             .field("db_root", &self.db_root)
             .field("config", &self.config)
+            .field("limits", &self.limits)
             .field("cached", &self.conns.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -165,6 +222,7 @@ impl std::fmt::Debug for Executor {
 enum RunError {
     Sqlite(rusqlite::Error),
     TooManyRows,
+    TooManyBytes(usize),
 }
 
 impl From<rusqlite::Error> for RunError {
@@ -175,18 +233,31 @@ impl From<rusqlite::Error> for RunError {
 
 impl Executor {
     /// An executor over `db_root`, the `database/` directory holding
-    /// `<db_id>/<db_id>.sqlite`.
+    /// `<db_id>/<db_id>.sqlite`, with the default [`SqliteLimits`].
     pub fn new(db_root: PathBuf, config: ExecutorConfig) -> Self {
         Self {
             db_root,
             config,
+            limits: SqliteLimits::default(),
             conns: HashMap::new(),
         }
+    }
+
+    /// The same executor with other memory caps (they apply from the next
+    /// [`Executor::execute`] call on).
+    pub fn with_limits(mut self, limits: SqliteLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The configuration.
     pub fn config(&self) -> ExecutorConfig {
         self.config
+    }
+
+    /// The memory caps in use.
+    pub fn limits(&self) -> SqliteLimits {
+        self.limits
     }
 
     /// Runs every statement of `sql` in order against database `db_id`, inside `BEGIN` ...
@@ -195,9 +266,11 @@ impl Executor {
     /// rows).
     ///
     /// Errors: [`SpiderError::MissingDatabase`] (unknown `db_id` / missing file),
-    /// [`SpiderError::Sql`] (any SQLite error, a statement the sandbox denies, more than
-    /// [`MAX_RESULT_ROWS`] rows), [`SpiderError::Timeout`] (past `config.timeout`). In every
-    /// case the copy is left as it was before the call.
+    /// [`SpiderError::Sql`] (any SQLite error — "string or blob too big" past
+    /// [`SqliteLimits::max_value_bytes`] included —, a statement the sandbox denies, more than
+    /// [`MAX_RESULT_ROWS`] rows or [`SqliteLimits::max_result_bytes`] bytes),
+    /// [`SpiderError::Timeout`] (past `config.timeout`). In every case the copy is left as it
+    /// was before the call.
     pub fn execute(&mut self, db_id: &str, sql: &str) -> Result<Execution, SpiderError> {
         self.ensure_loaded(db_id)?;
         let timeout = self.config.timeout;
@@ -208,7 +281,8 @@ impl Executor {
                 db_id: db_id.to_string(),
                 path: db_file(&self.db_root, db_id),
             })?;
-        let (outcome, poisoned) = run_sandboxed(conn, db_id, sql, timeout);
+        apply_limits(conn, &self.limits).map_err(|e| sql_error(db_id, &e))?;
+        let (outcome, poisoned) = run_sandboxed(conn, db_id, sql, timeout, &self.limits);
         if poisoned {
             self.conns.remove(db_id);
         }
@@ -282,6 +356,7 @@ fn run_sandboxed(
     db_id: &str,
     sql: &str,
     timeout: Duration,
+    limits: &SqliteLimits,
 ) -> (Result<Execution, SpiderError>, bool) {
     let sql_err = |e: &rusqlite::Error| sql_error(db_id, e);
     if !conn.is_autocommit() {
@@ -322,7 +397,7 @@ fn run_sandboxed(
         }),
     );
     conn.authorizer(Some(sandbox_authorizer));
-    let run = run_statements(conn, sql);
+    let run = run_statements(conn, sql, limits.max_result_bytes);
     remove_hooks(conn);
     let elapsed_seconds = start.elapsed().as_secs_f64();
 
@@ -353,6 +428,10 @@ fn run_sandboxed(
             db_id: db_id.to_string(),
             message: format!("result exceeds {MAX_RESULT_ROWS} rows"),
         }),
+        Err(RunError::TooManyBytes(max)) => Err(SpiderError::Sql {
+            db_id: db_id.to_string(),
+            message: format!("result exceeds {max} bytes in memory"),
+        }),
         Ok((result, statements)) => match after {
             // The statements succeeded but the transaction is gone: something ended it.
             None => Err(SpiderError::Sql {
@@ -373,9 +452,24 @@ fn run_sandboxed(
     (outcome, poisoned)
 }
 
+/// In-memory size of one result value, bytes (see [`SqliteLimits::max_result_bytes`]).
+fn value_bytes(v: &Value) -> usize {
+    let payload = match v {
+        Value::Text(s) => s.len(),
+        Value::Blob(b) => b.len(),
+        Value::Null | Value::Integer(_) | Value::Real(_) => 0,
+    };
+    std::mem::size_of::<Value>() + payload
+}
+
 /// Runs each statement of `sql`; returns the rows of the last statement with columns and the
-/// number of statements.
-fn run_statements(conn: &Connection, sql: &str) -> Result<(ResultSet, usize), RunError> {
+/// number of statements. A statement whose rows would hold more than `max_bytes` bytes stops
+/// with [`RunError::TooManyBytes`].
+fn run_statements(
+    conn: &Connection,
+    sql: &str,
+    max_bytes: usize,
+) -> Result<(ResultSet, usize), RunError> {
     let mut batch = Batch::new(conn, sql);
     let mut last = ResultSet::default();
     let mut statements = 0;
@@ -387,14 +481,21 @@ fn run_statements(conn: &Connection, sql: &str) -> Result<(ResultSet, usize), Ru
             continue;
         }
         let mut rows_out = Vec::new();
+        let mut bytes = 0usize;
         let mut rows = stmt.raw_query();
         while let Some(row) = rows.next()? {
             if rows_out.len() >= MAX_RESULT_ROWS {
                 return Err(RunError::TooManyRows);
             }
+            bytes = bytes.saturating_add(std::mem::size_of::<Vec<Value>>());
             let mut values = Vec::with_capacity(columns);
             for c in 0..columns {
-                values.push(Value::from(row.get_ref(c)?));
+                let v = Value::from(row.get_ref(c)?);
+                bytes = bytes.saturating_add(value_bytes(&v));
+                values.push(v);
+            }
+            if bytes > max_bytes {
+                return Err(RunError::TooManyBytes(max_bytes));
             }
             rows_out.push(values);
         }
@@ -587,6 +688,77 @@ mod tests {
             matches!(&err, SpiderError::Sql { message, .. } if message.contains("rows")),
             "{err}"
         );
+    }
+
+    /// Statements that ask SQLite for gigabytes, run directly (no policy in front): each fails
+    /// with "string or blob too big" (or, for `printf`, which SQLite turns into NULL past the
+    /// cap, returns NULL) within a second, and the executor keeps working.
+    #[test]
+    fn huge_values_fail_fast_instead_of_allocating() {
+        let (_d, mut ex) = toy();
+        assert_eq!(ex.limits(), SqliteLimits::default());
+        for sql in [
+            "SELECT zeroblob(2000000000)",
+            "SELECT length(zeroblob(2000000000))",
+            "SELECT randomblob(1000000000)",
+            "SELECT replace(hex(zeroblob(500000000)), '00', 'x')",
+            "SELECT length(hex(randomblob(6000000)))",
+            "SELECT printf('%.*c', 1000000000, 'x')",
+            "SELECT printf('%1000000000d', 1)",
+        ] {
+            let start = Instant::now();
+            match ex.execute("toy", sql) {
+                Err(SpiderError::Sql { message, .. }) => {
+                    assert!(message.contains("too big"), "{sql}: {message}")
+                }
+                Ok(e) if sql.starts_with("SELECT printf") => {
+                    assert_eq!(e.result.rows, vec![vec![Value::Null]], "{sql}")
+                }
+                other => panic!("{sql}: {other:?}"),
+            }
+            let took = start.elapsed();
+            assert!(took < Duration::from_secs(1), "{sql} took {took:?}");
+        }
+        assert_eq!(count(&mut ex), Value::Integer(3));
+        let e = ex
+            .execute(
+                "toy",
+                "SELECT length(zeroblob(16)), length(randomblob(9000000)), name FROM singer WHERE id = 1",
+            )
+            .unwrap();
+        assert_eq!(
+            e.result.rows,
+            vec![vec![
+                Value::Integer(16),
+                Value::Integer(9_000_000),
+                Value::Text("a".into())
+            ]]
+        );
+    }
+
+    #[test]
+    fn limits_are_configurable() {
+        let (_d, ex) = toy();
+        let mut ex = ex.with_limits(SqliteLimits {
+            max_value_bytes: 100,
+            max_result_bytes: 10_000,
+            ..SqliteLimits::default()
+        });
+        let err = ex.execute("toy", "SELECT zeroblob(101)").unwrap_err();
+        assert!(err.to_string().contains("too big"), "{err}");
+        assert!(ex.execute("toy", "SELECT zeroblob(100)").is_ok());
+        let err = ex
+            .execute(
+                "toy",
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 1000) SELECT x FROM c",
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, SpiderError::Sql { message, .. } if message.contains("exceeds 10000 bytes")),
+            "{err}"
+        );
+        let e = ex.execute("toy", "SELECT name FROM singer").unwrap();
+        assert_eq!(e.rows_returned, 3);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub use candidates::{
 pub use data::{DATABASE_DIR, DEV_FILE, Question, SkipReport, SpiderDataset, Split, TRAIN_FILE};
 pub use error::SpiderError;
 pub use eval::{execution_match, gold_is_ordered};
-pub use executor::{Execution, Executor, ExecutorConfig, MAX_RESULT_ROWS, ResultSet, Value};
+pub use executor::{
+    Execution, Executor, ExecutorConfig, MAX_RESULT_ROWS, ResultSet, SqliteLimits, Value,
+};
 pub use linking::{schema_items, schema_linking, schema_names};
 pub use schema::{DbInfo, TableInfo, db_info};

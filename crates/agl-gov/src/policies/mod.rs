@@ -1,5 +1,8 @@
-//! Built-in policies: [`SqlPolicy`] (`sql_safety`) and [`CostControlPolicy`] (`cost_control`),
-//! plus small helpers shared by both (SQLite parsing, table-name extraction).
+//! Built-in policies, one per file: [`SqlPolicy`] (`sql_safety`), [`CostControlPolicy`]
+//! (`cost_control`), [`ResourceLimitsPolicy`] (`resource_limits`), [`ToolPolicy`]
+//! (`tool_policy`), [`RateLimitPolicy`] (`rate_limit`), [`ContentPolicy`] (`content_safety`)
+//! and [`CedarPolicy`] (`cedar`), plus small helpers shared by them (SQL parsing, table-name
+//! extraction).
 //!
 //! Responsible for what each built-in policy checks. Not responsible for the verdict rule or
 //! recording (see [`crate::Kernel`]).
@@ -8,6 +11,7 @@ pub mod cedar;
 pub mod content;
 pub mod cost;
 pub mod rate_limit;
+pub mod resource;
 pub mod sql;
 pub mod sql_text;
 pub mod tool;
@@ -20,6 +24,7 @@ pub use cost::{CostConfig, CostControlPolicy, CostEstimate, TableStats};
 pub use rate_limit::{
     ANONYMOUS_KEY, Clock, RATE_LIMIT_POLICY_NAME, RateLimitConfig, RateLimitPolicy,
 };
+pub use resource::{RESOURCE_POLICY_NAME, ResourceLimitsConfig, ResourceLimitsPolicy};
 pub use sql::{SqlPolicy, SqlPolicyConfig, StatementKind};
 pub use tool::{ArgConstraint, TOOL_POLICY_NAME, ToolPolicy, ToolPolicyConfig};
 

@@ -66,7 +66,7 @@
 //! See [`tautology`] for the list of recognised shapes (`1=1`, `'a'='a'`, `x = x`, `NOT FALSE`,
 //! `x OR <tautology>`, `1 IN (1, …)`, `x LIKE '%'`, …).
 
-mod tautology;
+pub(crate) mod tautology;
 mod walk;
 
 use std::fmt;
