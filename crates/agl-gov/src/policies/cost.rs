@@ -85,8 +85,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 use sqlparser::ast::{
-    FromTable, JoinConstraint, JoinOperator, ObjectName, Query, Select, SetExpr, Statement,
-    TableFactor, TableWithJoins, UpdateTableFromKind, Visit, Visitor,
+    FromTable, JoinConstraint, ObjectName, Query, Select, SetExpr, Statement, TableFactor,
+    TableWithJoins, UpdateTableFromKind, Visit, Visitor,
 };
 
 use super::name_parts;
@@ -765,25 +765,7 @@ impl Estimator<'_> {
         let mut acc = self.factor(&twj.relation);
         for join in &twj.joins {
             let rows = self.factor(&join.relation);
-            let constraint = match &join.join_operator {
-                JoinOperator::Join(c)
-                | JoinOperator::Inner(c)
-                | JoinOperator::Left(c)
-                | JoinOperator::LeftOuter(c)
-                | JoinOperator::Right(c)
-                | JoinOperator::RightOuter(c)
-                | JoinOperator::FullOuter(c)
-                | JoinOperator::CrossJoin(c)
-                | JoinOperator::Semi(c)
-                | JoinOperator::LeftSemi(c)
-                | JoinOperator::RightSemi(c)
-                | JoinOperator::Anti(c)
-                | JoinOperator::LeftAnti(c)
-                | JoinOperator::RightAnti(c)
-                | JoinOperator::StraightJoin(c) => Some(c),
-                JoinOperator::AsOf { constraint, .. } => Some(constraint),
-                JoinOperator::CrossApply | JoinOperator::OuterApply => None,
-            };
+            let constraint = super::join_constraint(&join.join_operator);
             acc = match constraint {
                 Some(JoinConstraint::On(expr)) => {
                     let sub = self.nested(expr);

@@ -28,7 +28,7 @@ pub use resource::{RESOURCE_POLICY_NAME, ResourceLimitsConfig, ResourceLimitsPol
 pub use sql::{SqlPolicy, SqlPolicyConfig, StatementKind};
 pub use tool::{ArgConstraint, TOOL_POLICY_NAME, ToolPolicy, ToolPolicyConfig};
 
-use sqlparser::ast::ObjectName;
+use sqlparser::ast::{JoinConstraint, JoinOperator, ObjectName};
 
 /// The identifier parts of an object name (quotes removed), e.g. `["main", "singer"]`.
 pub(crate) fn name_parts(name: &ObjectName) -> Vec<&str> {
@@ -46,5 +46,57 @@ pub(crate) fn display_name(name: &ObjectName) -> String {
         name.to_string()
     } else {
         parts.join(".")
+    }
+}
+
+/// Aggregate functions (lowercase) that fold all their input rows into one value: a query
+/// whose projection is only these returns one row (`sql_safety`), and reading a CTE through
+/// one consumes every row of it (`resource_limits`).
+pub(crate) const AGGREGATES: &[&str] = &[
+    "count",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "total",
+    "group_concat",
+    "string_agg",
+    "json_group_array",
+    "json_group_object",
+    "jsonb_group_array",
+    "jsonb_group_object",
+    "array_agg",
+    "bool_and",
+    "bool_or",
+    "every",
+    "bit_and",
+    "bit_or",
+    "bit_xor",
+    "median",
+    "stddev",
+    "variance",
+    "listagg",
+];
+
+/// The constraint of a join, `None` for joins that never have one (`CROSS APPLY`).
+pub(crate) fn join_constraint(op: &JoinOperator) -> Option<&JoinConstraint> {
+    match op {
+        JoinOperator::Join(c)
+        | JoinOperator::Inner(c)
+        | JoinOperator::Left(c)
+        | JoinOperator::LeftOuter(c)
+        | JoinOperator::Right(c)
+        | JoinOperator::RightOuter(c)
+        | JoinOperator::FullOuter(c)
+        | JoinOperator::CrossJoin(c)
+        | JoinOperator::Semi(c)
+        | JoinOperator::LeftSemi(c)
+        | JoinOperator::RightSemi(c)
+        | JoinOperator::Anti(c)
+        | JoinOperator::LeftAnti(c)
+        | JoinOperator::RightAnti(c)
+        | JoinOperator::StraightJoin(c) => Some(c),
+        JoinOperator::AsOf { constraint, .. } => Some(constraint),
+        JoinOperator::CrossApply | JoinOperator::OuterApply => None,
     }
 }

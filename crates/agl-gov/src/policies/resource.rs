@@ -119,33 +119,6 @@ const MAX_CONST_TEXT: usize = 1 << 20;
 /// Longest call or clause text quoted in a reason (characters).
 const MAX_QUOTE_CHARS: usize = 80;
 
-/// Aggregate functions (lowercase): reading a CTE through one consumes every row.
-const AGGREGATES: &[&str] = &[
-    "count",
-    "sum",
-    "avg",
-    "min",
-    "max",
-    "total",
-    "group_concat",
-    "string_agg",
-    "json_group_array",
-    "json_group_object",
-    "jsonb_group_array",
-    "jsonb_group_object",
-    "array_agg",
-    "bool_and",
-    "bool_or",
-    "every",
-    "bit_and",
-    "bit_or",
-    "bit_xor",
-    "median",
-    "stddev",
-    "variance",
-    "listagg",
-];
-
 /// Configuration of [`ResourceLimitsPolicy`]. JSON/YAML fields as named; all optional (see the
 /// module docs for units and defaults). Unknown fields are an error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -588,33 +561,10 @@ fn is_name(r: &ObjectName, name: &str) -> bool {
     }
 }
 
-/// The constraint of a join, `None` for joins that never have one (`CROSS APPLY`).
-fn constraint_of(op: &JoinOperator) -> Option<&JoinConstraint> {
-    match op {
-        JoinOperator::Join(c)
-        | JoinOperator::Inner(c)
-        | JoinOperator::Left(c)
-        | JoinOperator::LeftOuter(c)
-        | JoinOperator::Right(c)
-        | JoinOperator::RightOuter(c)
-        | JoinOperator::FullOuter(c)
-        | JoinOperator::CrossJoin(c)
-        | JoinOperator::Semi(c)
-        | JoinOperator::LeftSemi(c)
-        | JoinOperator::RightSemi(c)
-        | JoinOperator::Anti(c)
-        | JoinOperator::LeftAnti(c)
-        | JoinOperator::RightAnti(c)
-        | JoinOperator::StraightJoin(c) => Some(c),
-        JoinOperator::AsOf { constraint, .. } => Some(constraint),
-        JoinOperator::CrossApply | JoinOperator::OuterApply => None,
-    }
-}
-
 /// Whether a join restricts the product: ON with a condition that is not a tautology, a
 /// non-empty USING, or NATURAL.
 fn constrains(op: &JoinOperator) -> bool {
-    match constraint_of(op) {
+    match super::join_constraint(op) {
         Some(JoinConstraint::On(e)) => !is_tautology(e),
         Some(JoinConstraint::Using(cols)) => !cols.is_empty(),
         Some(JoinConstraint::Natural) => true,
@@ -682,7 +632,7 @@ fn aggregates<V: Visit>(projection: &V) -> bool {
             if f.over.is_some()
                 || f.filter.is_some()
                 || !f.within_group.is_empty()
-                || function_name(f).is_some_and(|n| AGGREGATES.contains(&n.as_str())) =>
+                || function_name(f).is_some_and(|n| super::AGGREGATES.contains(&n.as_str())) =>
         {
             ControlFlow::Break(())
         }

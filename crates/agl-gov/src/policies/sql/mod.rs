@@ -475,18 +475,6 @@ fn literal_within(e: &Expr, max: u64) -> bool {
     }
 }
 
-/// Aggregate functions that fold all input rows into one value.
-const AGGREGATES: &[&str] = &[
-    "count",
-    "sum",
-    "avg",
-    "min",
-    "max",
-    "total",
-    "group_concat",
-    "string_agg",
-];
-
 /// Whether `q` returns at most one row by construction: a plain SELECT without GROUP BY whose
 /// every projection item is a (non-window) aggregate call, e.g. `SELECT count(*) FROM t`.
 fn single_row_aggregate(q: &Query) -> bool {
@@ -499,7 +487,9 @@ fn single_row_aggregate(q: &Query) -> bool {
         matches!(e, Expr::Function(f) if f.over.is_none()
         && f.name.0.len() == 1
         && f.name.0[0].as_ident().is_some_and(|i| {
-            AGGREGATES.iter().any(|a| i.value.eq_ignore_ascii_case(a))
+            super::AGGREGATES
+                .iter()
+                .any(|a| i.value.eq_ignore_ascii_case(a))
         }))
     };
     no_group
