@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::{assert_one_line_failure, stderr};
+
 fn agl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_agl"))
         .args(args)
@@ -18,32 +21,16 @@ fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider")
 }
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn assert_one_line_error(o: &Output, needle: &str) {
-    assert!(!o.status.success(), "expected failure, got {:?}", o.status);
-    let err = stderr(o);
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
-    assert!(
-        lines[0].contains(needle),
-        "{err:?} should mention {needle:?}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
-}
-
 #[test]
 fn missing_data_directory_is_one_line_error() {
     let o = agl(&["train", "--data", "/nonexistent/spider"]);
-    assert_one_line_error(&o, "/nonexistent/spider");
+    assert_one_line_failure(&o, "/nonexistent/spider");
 }
 
 #[test]
 fn unknown_governance_mode_is_one_line_error() {
     let o = agl(&["train", "--governance", "yolo"]);
-    assert_one_line_error(&o, "yolo");
+    assert_one_line_failure(&o, "yolo");
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -62,7 +49,7 @@ fn corrupt_json_names_the_file() {
     .unwrap();
     std::os::unix::fs::symlink(data().join("database"), root.join("database")).unwrap();
     let o = agl(&["train", "--data", root.to_str().unwrap()]);
-    assert_one_line_error(&o, "train_spider_compact.json");
+    assert_one_line_failure(&o, "train_spider_compact.json");
 }
 
 fn strip_timing(mut v: serde_json::Value) -> serde_json::Value {
@@ -308,7 +295,7 @@ fn audit_verify_keyed_chain_needs_the_key() {
 
     let o = agl(&["audit", "verify", db_s]);
     assert_eq!(o.status.code(), Some(2));
-    assert_one_line_error(&o, "key is needed");
+    assert_one_line_failure(&o, "key is needed");
 
     let o = agl(&["audit", "verify", db_s, "--key-file", key.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -332,7 +319,7 @@ fn audit_verify_keyed_chain_needs_the_key() {
         wrong.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2));
-    assert_one_line_error(&o, "wrong HMAC key");
+    assert_one_line_failure(&o, "wrong HMAC key");
 
     // Deleting the last row and putting back an unauthenticated head is still caught.
     tamper(&db, "DELETE FROM entries WHERE seq = 20");
@@ -363,10 +350,10 @@ fn audit_commands_on_missing_or_foreign_files_exit_2_with_one_line() {
     for cmd in ["verify", "summary"] {
         let o = agl(&["audit", cmd, missing.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2));
-        assert_one_line_error(&o, "missing.db");
+        assert_one_line_failure(&o, "missing.db");
         let o = agl(&["audit", cmd, junk.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2));
-        assert_one_line_error(&o, "not a SQLite database");
+        assert_one_line_failure(&o, "not a SQLite database");
     }
     assert!(!missing.exists());
 }
@@ -461,7 +448,7 @@ fn audit_export_jsonl_round_trips_and_filters() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2));
-    assert_one_line_error(&o, "export.jsonl");
+    assert_one_line_failure(&o, "export.jsonl");
 }
 
 #[test]
@@ -610,7 +597,7 @@ fn train_on_a_sqlite_store_matches_memory_and_can_be_inspected() {
         "inspect",
         dir.path().join("missing.sqlite").to_str().unwrap(),
     ]);
-    assert_one_line_error(&o, "no store database");
+    assert_one_line_failure(&o, "no store database");
 }
 
 /// `agl store inspect` shows statuses as the last writer left them: an attempt past its
@@ -655,5 +642,5 @@ fn inspect_does_not_run_the_watchdog() {
 #[test]
 fn train_with_no_workers_and_no_store_url_is_one_line_error() {
     let o = agl(&["train", "--workers", "0", "--limit", "4"]);
-    assert_one_line_error(&o, "--workers 0");
+    assert_one_line_failure(&o, "--workers 0");
 }

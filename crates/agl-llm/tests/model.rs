@@ -23,9 +23,12 @@ const QUESTIONS: [&str; 3] = [
 ];
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
+    max_abs(&(a - b).unwrap())
+}
+
+/// The largest absolute element of `t`.
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
         .unwrap()
         .flatten_all()
         .unwrap()
@@ -599,15 +602,7 @@ fn a_shared_prefix_gives_each_rows_logprobs_and_gradients() {
     for v in &vars {
         let a = grads_shared.get(v).unwrap();
         let b = grads_separate.get(v).unwrap();
-        let scale = b
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let scale = max_abs(b);
         worst = worst.max(max_abs_diff(a, b) / scale.max(1e-6));
     }
     eprintln!("largest relative gradient difference, shared vs separate prefix: {worst:e}");

@@ -27,8 +27,14 @@ pub fn stderr(o: &Output) -> String {
 
 /// Fails with `code`, one non-empty stderr line mentioning `needle`, and no panic.
 pub fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
+    assert_eq!(o.status.code(), Some(code), "{}", stderr(o));
+    assert_one_line_failure(o, needle);
+}
+
+/// Fails (any non-zero exit), with one non-empty stderr line mentioning `needle`, and no panic.
+pub fn assert_one_line_failure(o: &Output, needle: &str) {
+    assert!(!o.status.success(), "expected failure, got {:?}", o.status);
     let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "{err}");
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line, got: {err}");
     assert!(
