@@ -533,11 +533,7 @@ fn run_llm(
     let (rows, seconds) = result?;
     let s = SqlEvalSummary::from_rows(&rows, seconds);
     Ok(Outcome {
-        stats: EvalStats {
-            questions: s.questions,
-            accuracy: s.accuracy,
-            violation_rate: s.violation_rate,
-        },
+        stats: s.eval_stats(),
         violations: ViolationReport {
             total: s.sql_violations + s.llm_output_violations,
             sql: s.sql_violations,
@@ -625,7 +621,13 @@ fn run_scorer(
     bar.enable_steady_tick(Duration::from_millis(200));
     let task = Arc::new(task);
     let result = rt.block_on(async {
-        let session = Session::start(task.clone(), &config, kernel.clone(), kernel);
+        let session = Session::start(
+            task.clone(),
+            &config,
+            agl_train::TrainingMode::Enforce,
+            kernel.clone(),
+            kernel,
+        )?;
         let untrained;
         let model: &dyn agl_train::PolicyModel = match checkpoint {
             Some(c) => &c.scorer,

@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agl_core::AttemptedRollout;
-use agl_gov::{FlightRecorder, GovernanceMode, PolicyFile};
+use agl_gov::{FlightRecorder, PolicyFile};
 use agl_server::{ClientOptions, StoreClient};
 use agl_spider::{ExecutorConfig, SpiderDataset};
 use agl_store::LightningStore;
 use agl_train::{
     Assignment, RunSpec, RunnerResolver, SpiderRunner, SpiderTask, TaskConfig, TrainError,
-    WorkerOptions, build_kernel, run_worker,
+    TrainingMode, WorkerOptions, build_kernel, run_worker,
 };
 use anyhow::Context;
 use clap::Args;
@@ -154,14 +154,20 @@ impl RunnerResolver for ResourceRunners {
                 Some(pair) => pair.clone(),
                 None => {
                     let policy = PolicyFile::resolve(&spec.policy)?;
-                    let kernel = |mode| -> Result<Arc<SpiderRunner>, TrainError> {
-                        let k = build_kernel(&task, &policy, mode, self.recorder.clone())?;
+                    let runner = |mode: TrainingMode| -> Result<Arc<SpiderRunner>, TrainError> {
+                        let k = build_kernel(
+                            &task,
+                            &policy,
+                            mode.kernel_mode(),
+                            self.recorder.clone(),
+                        )?;
                         Ok(Arc::new(SpiderRunner::new(
                             Arc::new(k),
+                            mode,
                             spec.reward.clone(),
-                        )))
+                        )?))
                     };
-                    let pair = (kernel(spec.governance)?, kernel(GovernanceMode::Enforce)?);
+                    let pair = (runner(spec.governance)?, runner(TrainingMode::Enforce)?);
                     runners.insert(key, pair.clone());
                     pair
                 }

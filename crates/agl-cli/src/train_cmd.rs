@@ -1,11 +1,16 @@
-//! `agl train`: prepare the Spider task, run GRPO under governance (or both modes with
-//! `--compare`), evaluate on dev, print the comparison table and write the report, audit log
-//! and plot.
+//! `agl train`: prepare the Spider task, run GRPO under governance (or once per training
+//! mode with `--compare`), evaluate on dev, print the comparison table and write the report,
+//! audit log and plot.
+//!
+//! Training modes (`--governance`, `agl_train::TrainingMode`): `audit` records only, `shield`
+//! blocks, `screen` blocks and drops flagged samples from the gradient, `enforce` blocks and
+//! penalises. `--compare audit,shield,screen,enforce` trains once per listed mode with the same
+//! seed; the bare `--compare` means `audit,enforce`.
 //!
 //! Checkpoints of the scorer (formats and checks in `agl_train::checkpoint`):
 //! `--checkpoint-dir DIR [--checkpoint-every N]` saves `DIR/step-N/` after every N-th GRPO
 //! update (the trainer's loop unit: one batch of `--batch-questions` questions) and
-//! `DIR/final/` after the last one (with `--compare`, `DIR/audit/…` and `DIR/enforce/…`), each
+//! `DIR/final/` after the last one (with `--compare`, `DIR/<mode>/…` per mode), each
 //! `model.safetensors` + `config.json`, written atomically. `--resume DIR` loads a `step-N` or
 //! `final` directory before anything else is prepared or written, refuses it (one line naming
 //! the file) when it is missing, malformed, of another architecture, or from another seed or
@@ -20,6 +25,7 @@ use agl_core::{AttemptStatus, RolloutConfig};
 use agl_gov::{FlightRecorder, GovernanceMode};
 use agl_spider::{CandidateConfig, ExecutorConfig, SpiderDataset, Split};
 use agl_store::LightningStore;
+use agl_train::TrainingMode;
 use agl_train::{
     CheckpointPlan, EvalStats, GrpoConfig, RunOptions, RunReport, RunSpec, Session, SpiderTask,
     TaskConfig, TrainConfig, build_kernel, initial_policy,
@@ -73,12 +79,14 @@ pub struct TrainArgs {
     /// Policy file (YAML) or preset name (strict, standard, permissive) declaring the kernel.
     #[arg(long, default_value = agl_gov::DEFAULT_PRESET, value_name = "FILE")]
     policy: String,
-    /// Governance mode of the training run: enforce (block and penalise) or audit (record only).
-    #[arg(long, default_value = "enforce", value_parser = crate::parse_name::<GovernanceMode>, value_name = "MODE")]
-    governance: GovernanceMode,
-    /// Train twice with the same seed, audit then enforce, and print both.
-    #[arg(long)]
-    compare: bool,
+    /// Training mode: audit (record only), shield (block), screen (block and drop flagged
+    /// samples from the gradient) or enforce (block and penalise).
+    #[arg(long, default_value = "enforce", value_parser = crate::parse_name::<TrainingMode>, value_name = "MODE")]
+    governance: TrainingMode,
+    /// Train once per listed mode with the same seed and print them side by side
+    /// (`--compare audit,shield,screen,enforce`); the bare flag compares audit and enforce.
+    #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "audit,enforce", value_parser = parse_mode_list)]
+    compare: Option<ModeList>,
     /// Use only the first N train questions (quick runs).
     #[arg(long, value_name = "N")]
     limit: Option<usize>,
@@ -122,7 +130,7 @@ pub struct TrainArgs {
     unresponsive_seconds: f64,
     /// Save the scorer's parameters under DIR: `DIR/step-N/` every --checkpoint-every GRPO
     /// updates and `DIR/final/` at the end (each `model.safetensors` + `config.json`; with
-    /// --compare, under `DIR/audit/` and `DIR/enforce/`).
+    /// --compare, under `DIR/<mode>/`).
     #[arg(long, value_name = "DIR")]
     checkpoint_dir: Option<PathBuf>,
     /// With --checkpoint-dir: also save after every N-th GRPO update (one update per
@@ -141,6 +149,25 @@ impl TrainArgs {
     pub fn trains_llm(&self) -> bool {
         self.agent == TrainAgent::Llm
     }
+
+    /// The modes to train, in order: `--compare`'s list, else `--governance`.
+    fn modes(&self) -> Vec<TrainingMode> {
+        match &self.compare {
+            Some(list) => list.0.clone(),
+            None => vec![self.governance],
+        }
+    }
+}
+
+/// The training modes of `--compare`, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeList(pub Vec<TrainingMode>);
+
+/// clap value parser of `--compare`: a comma-separated list of distinct modes.
+fn parse_mode_list(s: &str) -> Result<ModeList, String> {
+    agl_train::parse_modes(s)
+        .map(ModeList)
+        .map_err(|e| e.to_string())
 }
 
 /// `agl runner` child processes of a training.
@@ -297,14 +324,6 @@ struct Phase<'a> {
     dev: &'a EvalStats,
 }
 
-/// Column title of a run in the comparison table.
-fn run_title(m: GovernanceMode) -> &'static str {
-    match m {
-        GovernanceMode::Audit => "without governance",
-        GovernanceMode::Enforce => "with governance",
-    }
-}
-
 /// What `agl train` trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TrainAgent {
@@ -327,8 +346,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             kl_beta: args.kl_beta.unwrap_or(0.0),
             workers: args.workers.unwrap_or(8),
             policy: args.policy.clone(),
-            governance: args.governance,
-            compare: args.compare,
+            modes: args.modes(),
+            compare: args.compare.is_some(),
             report: args.report.clone(),
             plot: args.plot.clone(),
             checkpoint_dir: args.checkpoint_dir.clone(),
@@ -492,11 +511,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         Some(p) => Some(open_recorder(p)?),
         None => None,
     };
-    let modes: Vec<GovernanceMode> = if args.compare {
-        vec![GovernanceMode::Audit, GovernanceMode::Enforce]
-    } else {
-        vec![args.governance]
-    };
+    let modes = args.modes();
     let eval_kernel = Arc::new(build_kernel(
         &task,
         &policy,
@@ -516,10 +531,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     };
     let runners = std::sync::Mutex::new(runners);
     let (untrained, runs) = rt.block_on(async {
-        let mut runs: Vec<(GovernanceMode, RunReport)> = Vec::new();
+        let mut runs: Vec<(TrainingMode, RunReport)> = Vec::new();
         let mut untrained = None;
         for mode in &modes {
-            let kernel = Arc::new(build_kernel(&task, &policy, *mode, recorder.clone())?);
+            let kernel = Arc::new(build_kernel(
+                &task,
+                &policy,
+                mode.kernel_mode(),
+                recorder.clone(),
+            )?);
             let in_process = TrainConfig {
                 workers: if args.runner_processes > 0 {
                     0
@@ -532,9 +552,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 store.clone(),
                 task.clone(),
                 &in_process,
+                *mode,
                 kernel,
                 eval_kernel.clone(),
-            )
+            )?
             .with_spec(RunSpec {
                 governance: *mode,
                 policy: args.policy.clone(),
@@ -572,7 +593,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 ));
             };
             let checkpoints = args.checkpoint_dir.as_ref().map(|dir| CheckpointPlan {
-                dir: if args.compare {
+                dir: if args.compare.is_some() {
                     dir.join(mode.as_str())
                 } else {
                     dir.clone()
@@ -622,11 +643,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             session.shutdown().await?;
             let report = report?;
             eprintln!(
-                "{} run: {} rollouts, train violation rate {:.3}, dev accuracy {:.3}",
+                "{} run: {} rollouts, train violation rate {:.3}, dev accuracy {:.3}, dev \
+                 violation rate {:.3}",
                 mode.as_str(),
                 report.train.rollouts,
                 report.train.violation_rate,
-                report.dev.accuracy
+                report.dev.accuracy,
+                report.dev.violation_rate
             );
             if let Some(plan) = checkpoints {
                 let step = report.curve.last().map_or(start_step, |c| c.step);
@@ -695,10 +718,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if let Some(path) = &args.plot {
-        let labels: Vec<String> = runs
-            .iter()
-            .map(|(m, _)| format!("{} ({})", run_title(*m), m.as_str()))
-            .collect();
+        let labels: Vec<String> = runs.iter().map(|(m, _)| m.title().to_string()).collect();
         let labelled: Vec<(&str, &RunReport)> = labels
             .iter()
             .map(String::as_str)
@@ -798,27 +818,40 @@ fn print_preparation(r: &agl_train::PreparationReport) {
     }
 }
 
-fn print_table(untrained: &EvalStats, runs: &[(GovernanceMode, RunReport)]) {
-    let mut header = format!("{:<24}{:>12}", "", "untrained");
+/// The comparison table: the untrained policy, then one column per run. Dev figures are the
+/// policy's greedy choices with the kernel enforcing; the violation rate and the unsafe
+/// probability describe what the policy would do were the kernel gone.
+fn print_table(untrained: &EvalStats, runs: &[(TrainingMode, RunReport)]) {
+    const W: usize = 12;
+    let mut header = format!("{:<30}{:>W$}", "", "untrained");
     for (m, _) in runs {
-        header.push_str(&format!("{:>22}", run_title(*m)));
+        header.push_str(&format!("{:>W$}", m.as_str()));
     }
     println!("\n{header}");
     let row = |label: &str, first: String, f: &dyn Fn(&RunReport) -> String| {
-        let mut line = format!("{label:<24}{first:>12}");
+        let mut line = format!("{label:<30}{first:>W$}");
         for (_, r) in runs {
-            line.push_str(&format!("{:>22}", f(r)));
+            line.push_str(&format!("{:>W$}", f(r)));
         }
         println!("{line}");
     };
-    row("dev accuracy", format!("{:.3}", untrained.accuracy), &|r| {
-        format!("{:.3}", r.dev.accuracy)
-    });
+    let prob = |e: &EvalStats| {
+        e.unsafe_probability
+            .map_or("-".into(), |p| format!("{p:.3}"))
+    };
     row(
-        "dev violation rate",
+        "dev accuracy (kernel on)",
+        format!("{:.3}", untrained.accuracy),
+        &|r| format!("{:.3}", r.dev.accuracy),
+    );
+    row(
+        "dev violation rate (greedy)",
         format!("{:.3}", untrained.violation_rate),
         &|r| format!("{:.3}", r.dev.violation_rate),
     );
+    row("dev probability on unsafe", prob(untrained), &|r| {
+        prob(&r.dev)
+    });
     row("train violation rate", "-".into(), &|r| {
         format!("{:.3}", r.train.violation_rate)
     });
@@ -828,8 +861,12 @@ fn print_table(untrained: &EvalStats, runs: &[(GovernanceMode, RunReport)]) {
     row("destructive executed", "-".into(), &|r| {
         r.train.destructive_executed.to_string()
     });
+    row("screened from gradient", "-".into(), &|r| {
+        r.train.screened.to_string()
+    });
     row("rollouts/s", "-".into(), &|r| {
         format!("{:.0}", r.train.rollouts_per_second)
     });
-    println!();
+    let legend: Vec<&str> = runs.iter().map(|(m, _)| m.title()).collect();
+    println!("{}\n", legend.join(" · "));
 }

@@ -57,7 +57,7 @@ use agl_train::sql_agent::{QUERY_OPERATION, ROLES};
 use agl_train::{
     CurvePoint, EvalStats, LlmGrpo, LlmGrpoConfig, LlmSqlAgent, LlmStepStats, RewardConfig,
     RunReport, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlTaskReward, TracerTraceToTriplet,
-    TrainStats, assign_advantages, samples_from_triplets, sql_agent_reward,
+    TrainStats, TrainingMode, assign_advantages, samples_from_triplets, sql_agent_reward,
 };
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
@@ -160,9 +160,9 @@ pub struct SharedArgs {
     pub workers: usize,
     /// Policy file or preset.
     pub policy: String,
-    /// Governance mode of training rollouts.
-    pub governance: GovernanceMode,
-    /// Train audit then enforce.
+    /// Training modes, one run each, in order (`--governance`, or `--compare`'s list).
+    pub modes: Vec<TrainingMode>,
+    /// Whether `--compare` was given (checkpoints go under `DIR/<mode>/`).
     pub compare: bool,
     /// JSON report path.
     pub report: Option<PathBuf>,
@@ -188,8 +188,8 @@ pub struct TrainerState {
     pub step: usize,
     /// The run's seed.
     pub seed: u64,
-    /// Governance mode of the training rollouts.
-    pub governance: GovernanceMode,
+    /// Training mode of the run (`audit`, `shield`, `screen`, `enforce`).
+    pub governance: TrainingMode,
     /// The base model (`--model`).
     pub model: String,
     /// LoRA rank.
@@ -251,6 +251,9 @@ pub struct LlmCurvePoint {
     pub refused_calls: usize,
     /// Calls dropped because another adapter version answered them.
     pub stale_calls: usize,
+    /// Flagged rollouts dropped from the gradient (`screen` mode; 0 otherwise).
+    #[serde(default)]
+    pub screened: usize,
     /// What the update did.
     pub update: LlmStepStats,
 }
@@ -281,7 +284,7 @@ struct Report<'a> {
     config: ReportConfig<'a>,
     data: DataReport,
     untrained: Untrained,
-    runs: BTreeMap<&'static str, LlmRun>,
+    runs: BTreeMap<TrainingMode, LlmRun>,
     seconds: f64,
 }
 
@@ -384,22 +387,6 @@ fn parse_task_reward(s: &str) -> Result<SqlTaskReward, String> {
         .map_err(|_| format!("`{s}` is not a task reward: use execution or partial"))
 }
 
-/// The reward of a mode: `PolicyReward`'s defaults (enforce), or the task reward alone
-/// (audit: every penalty and the clean bonus zero).
-fn reward_config(mode: GovernanceMode) -> RewardConfig {
-    match mode {
-        GovernanceMode::Enforce => RewardConfig::default(),
-        GovernanceMode::Audit => RewardConfig {
-            critical_penalty: 0.0,
-            high_penalty: 0.0,
-            medium_penalty: 0.0,
-            low_penalty: 0.0,
-            clean_bonus: 0.0,
-            ..RewardConfig::default()
-        },
-    }
-}
-
 /// Reads and checks a checkpoint directory for `--resume`.
 fn read_state(dir: &Path) -> anyhow::Result<TrainerState> {
     let path = dir.join(TRAINER_STATE);
@@ -429,14 +416,6 @@ fn save_checkpoint(dir: &Path, adapter: &LoraAdapter, state: &TrainerState) -> a
     })
     .with_context(|| format!("saving the checkpoint {}", dir.display()))?;
     Ok(())
-}
-
-fn summary_stats(s: &SqlEvalSummary) -> EvalStats {
-    EvalStats {
-        questions: s.questions,
-        accuracy: s.accuracy,
-        violation_rate: s.violation_rate,
-    }
 }
 
 /// Runs `agl train --agent llm`.
@@ -492,7 +471,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     args.model
                 );
             }
-            if state.governance != shared.governance || shared.compare {
+            if shared.compare || shared.modes != [state.governance] {
                 bail!(
                     "--resume {}: the checkpoint was trained with --governance {} (without \
                      --compare); resume it the same way",
@@ -577,11 +556,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     let adapter_pattern = format!("^({})$", roles.join("|"));
     let triplet_adapter =
         TracerTraceToTriplet::new(agl_train::DEFAULT_LLM_CALL_MATCH, Some(&adapter_pattern))?;
-    let modes: Vec<GovernanceMode> = if shared.compare {
-        vec![GovernanceMode::Audit, GovernanceMode::Enforce]
-    } else {
-        vec![shared.governance]
-    };
+    let modes = shared.modes.clone();
     let checkpoint_root = shared
         .checkpoint_dir
         .clone()
@@ -613,10 +588,10 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             request_timeout,
         )
         .await?;
-        let evaluate = |model: String, id: &'static str| {
+        let evaluate = |model: String, id: String| {
             let stage = &eval_stage;
             let dev = &dev;
-            let plan = eval_plan(&model, id);
+            let plan = eval_plan(&model, &id);
             async move {
                 let bar = progress_bar(dev.len() as u64, "eval");
                 let (rows, seconds) = stage.run(&plan, dev, &bar, |_| {}).await?;
@@ -642,7 +617,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             },
             dev.len()
         );
-        let before = evaluate(before_model, "agl-train-llm-eval-before").await?;
+        let before = evaluate(before_model, "agl-train-llm-eval-before".into()).await?;
         eprintln!(
             "before training: dev accuracy {:.3}, violation rate {:.3} ({} questions, {:.0} s)",
             before.accuracy, before.violation_rate, before.questions, before.seconds
@@ -650,12 +625,14 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         let mut runs = BTreeMap::new();
         for &mode in &modes {
             let run_started = Instant::now();
-            let kernel = kernel_for(mode)?;
+            let kernel = kernel_for(mode.kernel_mode())?;
+            let reward = sql_agent_reward(RewardConfig::default(), args.task_reward)
+                .with_shaping(mode.shapes_reward());
             let stage = LlmStage::start(
                 upstream(),
                 kernel,
                 agent.clone(),
-                Arc::new(sql_agent_reward(reward_config(mode), args.task_reward)),
+                Arc::new(reward),
                 request_timeout,
             )
             .await?;
@@ -736,6 +713,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 let (finished, rollout_seconds) = stage.run(&plan, &batch, &bar, |_| {}).await?;
                 rollout_seconds_total += rollout_seconds;
                 let point = learn(
+                    mode,
                     &mut grpo,
                     &triplet_adapter,
                     &finished,
@@ -830,12 +808,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             save_checkpoint(&final_dir, grpo.adapter(), &state(args.steps.max(start_step)))?;
             stage.shutdown().await?;
             eprintln!("[{}] evaluating the trained adapter on dev", mode.as_str());
-            let after = evaluate(served.clone(), if mode == GovernanceMode::Audit {
-                "agl-train-llm-eval-after-audit"
-            } else {
-                "agl-train-llm-eval-after-enforce"
-            })
-            .await?;
+            let after = evaluate(served.clone(), format!("agl-train-llm-eval-after-{mode}")).await?;
             if served != base_name {
                 engine.unload_adapter(&served);
             }
@@ -846,13 +819,14 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 mean_reward: train_summary.mean_reward,
                 accuracy: train_summary.accuracy,
                 destructive_executed: 0,
+                screened: curve.iter().map(|p| p.screened as u64).sum(),
                 rollouts_per_second: rollouts as f64 / run_started.elapsed().as_secs_f64().max(1e-9),
             };
             runs.insert(
-                mode.as_str(),
+                mode,
                 LlmRun {
                     train: train_stats,
-                    dev: summary_stats(&after),
+                    dev: after.eval_stats(),
                     dev_llm: after,
                     curve,
                     adapter: final_dir.display().to_string(),
@@ -871,9 +845,9 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &shared.plot {
         let reports: Vec<(&str, RunReport)> = runs
             .iter()
-            .map(|(name, r)| {
+            .map(|(mode, r)| {
                 (
-                    *name,
+                    mode.title(),
                     RunReport {
                         train: r.train.clone(),
                         dev: r.dev.clone(),
@@ -927,7 +901,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 dev_selection,
             },
             untrained: Untrained {
-                dev: summary_stats(&before),
+                dev: before.eval_stats(),
                 dev_llm: before.clone(),
             },
             runs,
@@ -947,6 +921,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
 /// Triplets → samples → advantages → one update, for one step's rollouts (`finished`, in
 /// enqueue order: G consecutive rollouts per task).
 fn learn(
+    mode: TrainingMode,
     grpo: &mut LlmGrpo,
     adapter: &TracerTraceToTriplet,
     finished: &[Finished],
@@ -957,10 +932,15 @@ fn learn(
     let mut samples = Vec::new();
     let mut rewards: HashMap<String, f64> = HashMap::new();
     let mut group_rewards: HashMap<usize, Vec<f64>> = HashMap::new();
-    let (mut refused, mut stale) = (0usize, 0usize);
+    let (mut refused, mut stale, mut screened) = (0usize, 0usize, 0usize);
     for f in finished {
         let task = f.index / group_size;
         let reward = f.row.reward.unwrap_or(0.0);
+        // `screen` drops a flagged rollout from its group before advantages are computed.
+        if !mode.in_gradient(f.row.sql_violations.len() + f.row.llm_violations.len()) {
+            screened += 1;
+            continue;
+        }
         rewards.insert(f.rollout_id.clone(), reward);
         group_rewards.entry(task).or_default().push(reward);
         if f.spans.is_empty() {
@@ -990,13 +970,14 @@ fn learn(
         informative_groups,
         refused_calls: refused,
         stale_calls: stale,
+        screened,
         update_seconds: update.seconds,
         update,
         ..LlmCurvePoint::default()
     })
 }
 
-fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<&'static str, LlmRun>, seconds: f64) {
+fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<TrainingMode, LlmRun>, seconds: f64) {
     let n = before.questions as f64;
     let ci = |p: f64| 1.96 * (p * (1.0 - p) / n.max(1.0)).sqrt();
     println!();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
-use common::{assert_one_line_failure, stderr};
+use common::{assert_one_line_failure, json_file, stderr};
 
 fn agl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_agl"))
@@ -96,11 +96,84 @@ fn small_run(dir: &Path, name: &str, workers: &str) -> (serde_json::Value, PathB
     assert!(o.status.success(), "agl train failed: {}", stderr(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
-        stdout.contains("dev accuracy") && stdout.contains("with governance"),
+        stdout.contains("dev accuracy") && stdout.contains("enforce (block and penalise)"),
         "{stdout}"
     );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     (v, log)
+}
+
+#[test]
+fn compare_lists_of_training_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("modes.json");
+    let o = agl(&[
+        "train",
+        "--compare",
+        "audit,shield,screen,enforce",
+        "--limit",
+        "48",
+        "--dev-limit",
+        "40",
+        "--epochs",
+        "1",
+        "--batch-questions",
+        "16",
+        "--workers",
+        "1",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "agl train failed: {}", stderr(&o));
+    let out = stdout(&o);
+    for row in [
+        "dev accuracy (kernel on)",
+        "dev violation rate (greedy)",
+        "dev probability on unsafe",
+        "train violation rate",
+        "destructive executed",
+        "screened from gradient",
+    ] {
+        assert!(out.contains(row), "no `{row}` row: {out}");
+    }
+    let v = json_file(&report);
+    let runs = v["runs"].as_object().unwrap();
+    assert_eq!(runs.len(), 4, "{v}");
+    for mode in ["audit", "shield", "screen", "enforce"] {
+        let r = &runs[mode];
+        assert_eq!(r["train"]["rollouts"], 48 * 8, "{mode}");
+        let p = r["dev"]["unsafe_probability"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&p), "{mode}: {p}");
+        let destructive = r["train"]["destructive_executed"].as_u64().unwrap();
+        // Only audit lets writes run; only screen drops samples.
+        assert_eq!(destructive > 0, mode == "audit", "{mode}: {destructive}");
+        let screened = r["train"]["screened"].as_u64().unwrap();
+        assert_eq!(screened > 0, mode == "screen", "{mode}: {screened}");
+        let curve = r["curve"].as_array().unwrap();
+        let lowest = curve
+            .iter()
+            .map(|p| p["reward"].as_f64().unwrap())
+            .fold(f64::INFINITY, f64::min);
+        // Without penalties no batch can average below 0 (a blocked action earns 0).
+        if mode != "enforce" {
+            assert!(lowest >= 0.0, "{mode}: {lowest}");
+        }
+    }
+    // Penalties make enforce's early batches negative on average (most samples break a rule).
+    let first = runs["enforce"]["curve"][0]["reward"].as_f64().unwrap();
+    assert!(first < 0.0, "{first}");
+    assert!(
+        v["untrained"]["dev"]["unsafe_probability"]
+            .as_f64()
+            .unwrap()
+            > 0.1
+    );
+
+    for bad in ["audit,audit", "audit,sometimes", ""] {
+        let o = agl(&["train", "--compare", bad]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        assert_one_line_failure(&o, "governance mode");
+    }
 }
 
 #[test]

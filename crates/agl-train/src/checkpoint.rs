@@ -36,13 +36,13 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use agl_gov::GovernanceMode;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
 use crate::features::{FEATURE_DIM, FEATURES_VERSION};
 use crate::model::{PolicyModel, Scorer};
+use crate::training_mode::TrainingMode;
 
 /// The parameters file of a checkpoint directory.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -142,8 +142,8 @@ pub struct TrainingState {
     pub updates_per_epoch: usize,
     /// The run's seed (policy initialisation, question order, sampling, candidate sets).
     pub seed: u64,
-    /// Governance mode of the training rollouts (`"enforce"` or `"audit"`).
-    pub governance: GovernanceMode,
+    /// Training mode of the run (`"audit"`, `"shield"`, `"screen"` or `"enforce"`).
+    pub governance: TrainingMode,
     /// Policy file path or preset name that declared the kernel.
     pub policy: String,
     /// Candidates per question (`--candidates`).
@@ -174,8 +174,8 @@ pub struct CheckpointPlan {
     pub dir: PathBuf,
     /// Save `step-N` after every `every`-th update (N divisible by `every`); 0: only `final`.
     pub every: usize,
-    /// Governance mode of the run.
-    pub governance: GovernanceMode,
+    /// Training mode of the run.
+    pub governance: TrainingMode,
     /// Candidates per question.
     pub candidates: usize,
     /// Distractors per question.
@@ -495,7 +495,7 @@ mod tests {
             epoch: step / 4,
             updates_per_epoch: 4,
             seed: 3,
-            governance: GovernanceMode::Enforce,
+            governance: TrainingMode::Enforce,
             policy: "standard".into(),
             candidates: 8,
             distractors: 5,

@@ -51,6 +51,7 @@ pub mod sql_agent;
 pub mod task;
 pub mod tracer_adapter;
 pub mod trainer;
+pub mod training_mode;
 pub mod violation;
 
 pub use adapter::{RolloutResult, rollout_result, to_triplet};
@@ -98,6 +99,7 @@ pub use trainer::{
     CurvePoint, EvalStats, Progress, RUN_SPEC_KEY, RunOptions, RunReport, RunSpec, Session,
     TrainConfig, TrainStats, build_kernel, initial_policy, train, train_with,
 };
+pub use training_mode::{TrainingMode, parse_modes};
 pub use violation::{
     GovernedRollout, Penalized, PolicyViolation, PolicyViolationError, PolicyViolationType,
     SEVERITY_PENALTIES, severity_from_python, severity_penalty,

@@ -169,7 +169,8 @@ pub struct RewardBreakdown {
 }
 
 impl RewardBreakdown {
-    /// The task reward alone, unshaped: what "without governance" (audit mode) trains on.
+    /// The task reward alone, unshaped: what the training modes other than enforce train on
+    /// (`crate::TrainingMode`).
     pub fn task_only(base: f64, violations: usize) -> Self {
         Self {
             final_reward: base,
@@ -225,6 +226,7 @@ struct Counters {
 pub struct PolicyReward<I = (), O = ()> {
     config: RewardConfig,
     base_reward_fn: Option<BaseRewardFn<I, O>>,
+    shaped: bool,
     counters: Mutex<Counters>,
 }
 
@@ -233,6 +235,7 @@ impl<I, O> fmt::Debug for PolicyReward<I, O> {
         f.debug_struct("PolicyReward")
             .field("config", &self.config)
             .field("base_reward_fn", &self.base_reward_fn.is_some())
+            .field("shaped", &self.shaped)
             .field("stats", &self.stats())
             .finish()
     }
@@ -265,8 +268,23 @@ impl<I, O> PolicyReward<I, O> {
         Self {
             config,
             base_reward_fn: None,
+            shaped: true,
             counters: Mutex::new(Counters::default()),
         }
+    }
+
+    /// The same shaper with shaping on (the default) or off. Off, every computation is
+    /// [`RewardBreakdown::task_only`]: the base reward, no penalty (explicit per-policy
+    /// penalties included), no bonus, no clamping; violations are still counted. This is the
+    /// reward of the training modes that do not penalise (`crate::TrainingMode`).
+    pub fn with_shaping(mut self, shaped: bool) -> Self {
+        self.shaped = shaped;
+        self
+    }
+
+    /// Whether violations shape the reward (see [`PolicyReward::with_shaping`]).
+    pub fn shaped(&self) -> bool {
+        self.shaped
     }
 
     /// The same shaper with a task-specific base reward (Python's `base_reward_fn`), for
@@ -320,6 +338,9 @@ impl<I, O> PolicyReward<I, O> {
         succeeded: bool,
         violations: &[V],
     ) -> RewardBreakdown {
+        if !self.shaped {
+            return RewardBreakdown::task_only(base, violations.len());
+        }
         let c = &self.config;
         let penalty = policy_penalty(violations, c);
         let mut value = if c.multiplicative && !violations.is_empty() {

@@ -32,7 +32,7 @@ use std::time::Duration;
 use agl_core::{
     AttemptStatus, AttemptedRollout, AttributeValue, Attributes, RolloutMode, Span, semconv,
 };
-use agl_gov::{Action, ActionKind, Decision, GovernanceMode, Kernel};
+use agl_gov::{Action, ActionKind, Decision, Kernel};
 use agl_spider::{Executor, SpiderError, Split, execution_match};
 use agl_store::{AttemptUpdate, LightningStore};
 use serde::{Deserialize, Serialize};
@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::TrainError;
 use crate::reward::{PolicyReward, RewardBreakdown, RewardConfig};
 use crate::task::{SpiderTask, TaskItem};
+use crate::training_mode::TrainingMode;
 
 /// What a rollout asks the runner to do: answer question `question` of `split` with candidate
 /// `candidate`. This is the rollout's `input` JSON.
@@ -98,23 +99,46 @@ impl StepOutcome {
     }
 }
 
-/// Runs actions under a kernel and shapes rewards.
+/// Runs actions under a kernel and shapes rewards as a [`TrainingMode`] says.
 ///
-/// In enforce mode the reward is `PolicyReward`'s; in audit mode (the "without governance"
+/// In `enforce` the reward is `PolicyReward`'s; in `audit` (the "without governance"
 /// baseline) the kernel only records, the action always runs, and the reward is the task reward
-/// alone (no penalty, no bonus).
+/// alone (no penalty, no bonus); `shield` and `screen` block like `enforce` and pay the task
+/// reward alone (the trainer drops `screen`'s flagged samples from the gradient).
 pub struct SpiderRunner {
     kernel: Arc<Kernel>,
+    mode: TrainingMode,
     reward: PolicyReward,
 }
 
 impl SpiderRunner {
-    /// A runner over `kernel` with reward shaping `reward`.
-    pub fn new(kernel: Arc<Kernel>, reward: RewardConfig) -> Self {
-        Self {
-            kernel,
-            reward: PolicyReward::new(reward),
+    /// A runner of `mode` over `kernel` with reward shaping `reward` (applied in `enforce`).
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when the kernel's mode is not `mode`'s
+    /// ([`TrainingMode::kernel_mode`]).
+    pub fn new(
+        kernel: Arc<Kernel>,
+        mode: TrainingMode,
+        reward: RewardConfig,
+    ) -> Result<Self, TrainError> {
+        if kernel.mode() != mode.kernel_mode() {
+            return Err(TrainError::Config(format!(
+                "training mode {mode} needs a kernel in {} mode, not {}",
+                mode.kernel_mode(),
+                kernel.mode()
+            )));
         }
+        Ok(Self {
+            kernel,
+            mode,
+            reward: mode.policy_reward(reward),
+        })
+    }
+
+    /// The training mode.
+    pub fn mode(&self) -> TrainingMode {
+        self.mode
     }
 
     /// The kernel.
@@ -170,15 +194,9 @@ impl SpiderRunner {
         }
         let base = if out.correct { 1.0 } else { 0.0 };
         let succeeded = out.executed && out.error.is_none();
-        out.reward = match self.kernel.mode() {
-            GovernanceMode::Enforce => {
-                self.reward
-                    .compute(base, succeeded, &out.decision.violations)
-            }
-            GovernanceMode::Audit => {
-                RewardBreakdown::task_only(base, out.decision.violations.len())
-            }
-        };
+        out.reward = self
+            .reward
+            .compute(base, succeeded, &out.decision.violations);
         Ok(out)
     }
 }

@@ -954,6 +954,17 @@ pub struct SqlEvalSummary {
 }
 
 impl SqlEvalSummary {
+    /// The figures every evaluation reports ([`crate::EvalStats`]); an LLM agent has no
+    /// candidate set, so `unsafe_probability` is `None`.
+    pub fn eval_stats(&self) -> crate::trainer::EvalStats {
+        crate::trainer::EvalStats {
+            questions: self.questions,
+            accuracy: self.accuracy,
+            violation_rate: self.violation_rate,
+            unsafe_probability: None,
+        }
+    }
+
     /// Aggregates `rows`, evaluated in `seconds` of wall time (for the token rates; 0 gives
     /// rates of 0).
     pub fn from_rows(rows: &[SqlEvalRow], seconds: f64) -> Self {

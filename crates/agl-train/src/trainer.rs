@@ -26,6 +26,7 @@ use agl_core::{
 use agl_gov::{BuildEnv, DEFAULT_PRESET, FlightRecorder, GovernanceMode, Kernel, PolicyFile};
 use agl_spider::Split;
 use agl_store::{InMemoryLightningStore, LightningStore};
+use candle_core::Tensor;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -41,6 +42,7 @@ use crate::spider_runner::{
     FixedRunners, RunnerResolver, SpiderRunner, SqlTaskInput, WorkerOptions, run_worker,
 };
 use crate::task::SpiderTask;
+use crate::training_mode::TrainingMode;
 
 /// Everything that defines a run besides the data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,7 +56,7 @@ pub struct TrainConfig {
     pub seed: u64,
     /// GRPO hyper-parameters.
     pub grpo: GrpoConfig,
-    /// Reward shaping of enforce mode.
+    /// Reward shaping of the `enforce` training mode.
     pub reward: RewardConfig,
     /// The policy file (path) or preset name (`strict`, `standard`, `permissive`) that declares
     /// the kernel (default `standard`).
@@ -94,6 +96,9 @@ pub struct TrainStats {
     pub accuracy: f64,
     /// Statements that changed data or schema and ran (always rolled back, but counted).
     pub destructive_executed: u64,
+    /// Flagged rollouts dropped from the policy gradient (`screen` mode; 0 otherwise).
+    #[serde(default)]
+    pub screened: u64,
     /// Rollouts per second of wall time, updates included.
     pub rollouts_per_second: f64,
 }
@@ -105,8 +110,15 @@ pub struct EvalStats {
     pub questions: usize,
     /// Share of questions whose choice was allowed, ran and matched the gold result.
     pub accuracy: f64,
-    /// Share of questions whose choice violated a policy.
+    /// Share of questions whose choice violated a policy: the policy's own greedy choices,
+    /// checked by the kernel (what it would do were the kernel gone).
     pub violation_rate: f64,
+    /// Mean probability the policy puts on the unsafe candidates of a question (the task's
+    /// unsafe kinds: stacked writes, drops, deletes, updates without `WHERE`, cartesian
+    /// guards), whatever it chooses greedily. `None` where the policy has no candidate set
+    /// (the LLM agent).
+    #[serde(default)]
+    pub unsafe_probability: Option<f64>,
 }
 
 /// One point of the learning curve (one GRPO update).
@@ -162,11 +174,11 @@ pub const RUN_SPEC_KEY: &str = "agl.run";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
-    /// Governance mode of `train` rollouts (evaluation rollouts always enforce).
-    pub governance: GovernanceMode,
+    /// Training mode of `train` rollouts (evaluation rollouts always enforce).
+    pub governance: TrainingMode,
     /// Policy file path or preset name declaring the kernel.
     pub policy: String,
-    /// Reward shaping of enforce mode.
+    /// Reward shaping of the `enforce` training mode.
     pub reward: RewardConfig,
     /// Candidate set composition (must match the trainer's, since inputs index candidates).
     pub candidates: agl_spider::CandidateConfig,
@@ -235,6 +247,7 @@ pub fn build_kernel(
 /// Runner workers and the store they serve, for one run.
 pub struct Session {
     task: Arc<SpiderTask>,
+    mode: TrainingMode,
     store: Arc<dyn LightningStore>,
     stop: Arc<AtomicBool>,
     workers: Vec<tokio::task::JoinHandle<Result<u64, TrainError>>>,
@@ -243,48 +256,70 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts `workers` runner workers on a fresh in-memory store. Train rollouts run under
-    /// `train_kernel`; val rollouts under `eval_kernel` (which should enforce).
+    /// Starts `workers` runner workers on a fresh in-memory store. Train rollouts run in
+    /// training mode `mode` under `train_kernel` (whose mode must be `mode.kernel_mode()`);
+    /// val rollouts under `eval_kernel`, which must enforce.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when a kernel's mode does not fit.
     pub fn start(
         task: Arc<SpiderTask>,
         config: &TrainConfig,
+        mode: TrainingMode,
         train_kernel: Arc<Kernel>,
         eval_kernel: Arc<Kernel>,
-    ) -> Self {
+    ) -> Result<Self, TrainError> {
         let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
-        Self::start_on(store, task, config, train_kernel, eval_kernel)
+        Self::start_on(store, task, config, mode, train_kernel, eval_kernel)
     }
 
     /// Starts `workers` runner workers serving `store` (any backend: memory, SQLite, a
     /// remote `agl store` through `agl_server::StoreClient`). Rollouts already queued in the
     /// store are served too. `config.workers == 0` starts none: runner processes serve the
-    /// store (`agl runner`), and [`Session::with_spec`] tells them how.
+    /// store (`agl runner`), and [`Session::with_spec`] tells them how. Kernels as for
+    /// [`Session::start`].
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when a kernel's mode does not fit.
     pub fn start_on(
         store: Arc<dyn LightningStore>,
         task: Arc<SpiderTask>,
         config: &TrainConfig,
+        mode: TrainingMode,
         train_kernel: Arc<Kernel>,
         eval_kernel: Arc<Kernel>,
-    ) -> Self {
+    ) -> Result<Self, TrainError> {
         let resolver: Arc<dyn RunnerResolver> = Arc::new(FixedRunners {
-            train: Arc::new(SpiderRunner::new(train_kernel, config.reward.clone())),
-            eval: Arc::new(SpiderRunner::new(eval_kernel, config.reward.clone())),
+            train: Arc::new(SpiderRunner::new(
+                train_kernel,
+                mode,
+                config.reward.clone(),
+            )?),
+            eval: Arc::new(SpiderRunner::new(
+                eval_kernel,
+                TrainingMode::Enforce,
+                config.reward.clone(),
+            )?),
             task: task.clone(),
         });
-        Self::start_with(
+        Ok(Self::start_with(
             store,
             task,
+            mode,
             config.workers,
             resolver,
             WorkerOptions::default(),
-        )
+        ))
     }
 
     /// Starts `workers` workers that take their runner from `resolver` (what `agl runner`
-    /// does), polling an empty queue as `options` says.
+    /// does), polling an empty queue as `options` says. `mode` is the training mode
+    /// [`train_with`] applies to the gradient (the resolver's runners apply it to kernels and
+    /// rewards).
     pub fn start_with(
         store: Arc<dyn LightningStore>,
         task: Arc<SpiderTask>,
+        mode: TrainingMode,
         workers: usize,
         resolver: Arc<dyn RunnerResolver>,
         options: WorkerOptions,
@@ -307,6 +342,7 @@ impl Session {
             .collect();
         Self {
             task,
+            mode,
             store,
             stop,
             workers,
@@ -340,6 +376,11 @@ impl Session {
             .update_resources(id, policy_resources(0, 0, Some(spec)))
             .await?;
         Ok(Some(id.to_string()))
+    }
+
+    /// The training mode of the session's train rollouts.
+    pub fn mode(&self) -> TrainingMode {
+        self.mode
     }
 
     /// The store.
@@ -416,9 +457,12 @@ impl Session {
     ) -> Result<EvalStats, TrainError> {
         let items = self.task.items(split);
         let mut inputs = Vec::with_capacity(items.len());
+        let mut unsafe_probability = 0.0;
         for (start, chunk) in items.chunks(128).enumerate().map(|(i, c)| (i * 128, c)) {
             let sets: Vec<&[_]> = chunk.iter().map(|it| it.features.as_slice()).collect();
             let batch = FeatureBatch::new(&sets)?;
+            let log_probs = batch.log_probs(model)?;
+            unsafe_probability += unsafe_mass(&log_probs, chunk)?;
             for (k, choice) in greedy(model, &batch)?.into_iter().enumerate() {
                 inputs.push(SqlTaskInput {
                     split,
@@ -436,8 +480,26 @@ impl Session {
             questions: results.len(),
             accuracy: results.iter().filter(|r| r.correct).count() as f64 / n,
             violation_rate: results.iter().filter(|r| r.violations > 0).count() as f64 / n,
+            unsafe_probability: Some(unsafe_probability / items.len().max(1) as f64),
         })
     }
+}
+
+/// Sum over `items` of the probability `log_probs` (`[B, C]`, one row per item) puts on each
+/// item's unsafe candidates.
+fn unsafe_mass(log_probs: &Tensor, items: &[crate::task::TaskItem]) -> Result<f64, TrainError> {
+    let probs: Vec<Vec<f32>> = log_probs.exp()?.to_vec2()?;
+    Ok(probs
+        .iter()
+        .zip(items)
+        .map(|(row, item)| {
+            row.iter()
+                .zip(&item.candidates)
+                .filter(|(_, c)| c.kind.is_unsafe())
+                .map(|(p, _)| f64::from(*p))
+                .sum::<f64>()
+        })
+        .sum())
 }
 
 /// The initial policy of a run with `seed`.
@@ -493,6 +555,7 @@ pub async fn train_with(
 ) -> Result<RunReport, TrainError> {
     config.validate()?;
     let task = session.task.clone();
+    let mode = session.mode;
     if let Some(plan) = &options.checkpoints
         && plan.dir.exists()
         && !plan.dir.is_dir()
@@ -576,11 +639,26 @@ pub async fn train_with(
             let results = session
                 .run_rollouts(&inputs, RolloutMode::Train, Some(&resources_id))
                 .await?;
-            let rewards: Vec<Vec<f64>> = results
-                .chunks(g)
-                .map(|c| c.iter().map(|r| r.reward).collect())
-                .collect();
-            grpo.step(&batch, &old_log_probs, &actions, &rewards)?;
+            // The training mode decides which samples the gradient sees (`screen` drops the
+            // flagged ones from their group, as if never sampled).
+            let mut rewards: Vec<Vec<f64>> = Vec::with_capacity(actions.len());
+            let mut kept_actions: Vec<Vec<usize>> = Vec::with_capacity(actions.len());
+            for (group, picks) in results.chunks(g).zip(&actions) {
+                let (mut r, mut a) = (Vec::with_capacity(g), Vec::with_capacity(g));
+                for (res, &pick) in group.iter().zip(picks) {
+                    if mode.in_gradient(res.violations) {
+                        r.push(res.reward);
+                        a.push(pick);
+                    } else {
+                        stats.screened += 1;
+                    }
+                }
+                rewards.push(r);
+                kept_actions.push(a);
+            }
+            if kept_actions.iter().any(|a| !a.is_empty()) {
+                grpo.step(&batch, &old_log_probs, &kept_actions, &rewards)?;
+            }
 
             let (b_reward, b_viol, b_correct) = results.iter().fold((0.0, 0u64, 0u64), |acc, r| {
                 (
@@ -688,7 +766,7 @@ mod tests {
 
     fn spec() -> RunSpec {
         RunSpec {
-            governance: GovernanceMode::Audit,
+            governance: TrainingMode::Audit,
             policy: "strict".into(),
             reward: RewardConfig::default(),
             candidates: agl_spider::CandidateConfig::default(),
@@ -732,7 +810,7 @@ mod tests {
     #[test]
     fn the_task_key_ignores_what_does_not_change_the_task() {
         let mut other = spec();
-        other.governance = GovernanceMode::Enforce;
+        other.governance = TrainingMode::Screen;
         other.policy = "permissive".into();
         assert_eq!(spec().task_key(), other.task_key());
         other.limit = Some(49);

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use agl_gov::{COST_POLICY_NAME, GovernanceMode, PolicyFile, SQL_POLICY_NAME, Severity};
 use agl_spider::{CandidateConfig, CandidateKind, Executor, ExecutorConfig, SpiderDataset};
-use agl_train::{RewardConfig, SpiderRunner, SpiderTask, TaskConfig, TrainConfig, build_kernel};
+use agl_train::{
+    RewardConfig, SpiderRunner, SpiderTask, TaskConfig, TrainConfig, TrainingMode, build_kernel,
+};
 
 fn dev_task() -> SpiderTask {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider");
@@ -91,23 +93,50 @@ fn kernel_flags_every_unsafe_kind_with_the_right_policy_and_passes_gold() {
 }
 
 #[test]
+fn a_runner_refuses_a_kernel_of_another_mode() {
+    let task = dev_task();
+    let standard = PolicyFile::preset(&TrainConfig::default().policy).unwrap();
+    let audit = Arc::new(build_kernel(&task, &standard, GovernanceMode::Audit, None).unwrap());
+    let e = SpiderRunner::new(audit, TrainingMode::Shield, RewardConfig::default())
+        .err()
+        .expect("a shield over an audit kernel would run everything")
+        .to_string();
+    assert!(e.contains("shield") && e.contains("enforce"), "{e}");
+}
+
+#[test]
 fn governed_runner_blocks_in_enforce_and_records_in_audit() {
     let task = dev_task();
     let standard = PolicyFile::preset(&TrainConfig::default().policy).unwrap();
-    let enforce = SpiderRunner::new(
-        Arc::new(build_kernel(&task, &standard, GovernanceMode::Enforce, None).unwrap()),
-        RewardConfig::default(),
-    );
-    let audit = SpiderRunner::new(
-        Arc::new(build_kernel(&task, &standard, GovernanceMode::Audit, None).unwrap()),
-        RewardConfig::default(),
-    );
+    let runner = |mode: TrainingMode| {
+        let kernel = build_kernel(&task, &standard, mode.kernel_mode(), None).unwrap();
+        SpiderRunner::new(Arc::new(kernel), mode, RewardConfig::default()).unwrap()
+    };
+    let enforce = runner(TrainingMode::Enforce);
+    let audit = runner(TrainingMode::Audit);
+    // Shield and screen block like enforce and pay the task reward alone.
+    let shield = runner(TrainingMode::Shield);
+    let screen = runner(TrainingMode::Screen);
     let mut exec = Executor::new(task.db_root.clone(), ExecutorConfig::default());
     let mut checked = 0;
     for item in task.dev.iter().take(60) {
         for (i, cand) in item.candidates.iter().enumerate() {
             let e = enforce.step(&mut exec, item, i, None).unwrap();
             let a = audit.step(&mut exec, item, i, None).unwrap();
+            for unpenalised in [&shield, &screen] {
+                let u = unpenalised.step(&mut exec, item, i, None).unwrap();
+                assert_eq!(
+                    u.executed,
+                    e.executed,
+                    "{}: {}",
+                    unpenalised.mode(),
+                    cand.sql
+                );
+                assert_eq!(u.decision.verdict, e.decision.verdict);
+                assert_eq!(u.reward.violations, e.reward.violations);
+                let task_reward = if u.correct { 1.0 } else { 0.0 };
+                assert_eq!(u.reward.final_reward, task_reward, "{}", cand.sql);
+            }
             match cand.kind {
                 CandidateKind::Gold => {
                     assert!(e.executed && e.correct && a.correct);
