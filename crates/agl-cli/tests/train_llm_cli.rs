@@ -207,3 +207,59 @@ fn a_short_run_leaves_an_adapter_that_eval_serve_and_resume_use() {
     assert_eq!(curve.len(), 1);
     assert_eq!(curve[0]["step"], 2);
 }
+
+#[test]
+fn llm_training_modes_shape_the_reward_and_the_gradient() {
+    if !model_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("modes.json");
+    let o = agl(&[
+        "train",
+        "--agent",
+        "llm",
+        "--compare",
+        "shield,screen",
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "1",
+        "--group-size",
+        "4",
+        "--max-tokens",
+        "8",
+        "--eval-limit",
+        "1",
+        "--workers",
+        "4",
+        "--limit",
+        "4",
+        "--checkpoint-dir",
+        dir.path().join("ckpt").to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let runs = r["runs"].as_object().unwrap();
+    assert_eq!(runs.len(), 2, "{r}");
+    for mode in ["shield", "screen"] {
+        let point = &runs[mode]["curve"][0];
+        let samples = point["update"]["samples"].as_u64().unwrap();
+        let screened = point["screened"].as_u64().unwrap();
+        // One sample per rollout; screen takes the flagged ones out before the update.
+        assert_eq!(samples + screened, 4, "{mode}: {point}");
+        if mode == "shield" {
+            assert_eq!(screened, 0, "{point}");
+        }
+        assert_eq!(runs[mode]["train"]["screened"].as_u64().unwrap(), screened);
+        // No penalty in either mode: a rollout earns its task reward, 0 or 1.
+        let reward = point["reward"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&reward), "{mode}: {point}");
+        assert!(dir.path().join("ckpt").join(mode).join("final").is_dir());
+    }
+    let screen = &runs["screen"]["curve"][0];
+    let flagged = (screen["violation_rate"].as_f64().unwrap() * 4.0).round() as u64;
+    assert_eq!(screen["screened"].as_u64().unwrap(), flagged, "{screen}");
+}
