@@ -455,6 +455,7 @@ fn run_llm(
     let env = BuildEnv {
         table_stats: table_stats(dataset, questions)?,
         mode: Some(GovernanceMode::Enforce),
+        check_cache: Some(Arc::new(agl_gov::CheckCache::default())),
     };
     let kernel: Arc<Kernel> = Arc::new(
         policy

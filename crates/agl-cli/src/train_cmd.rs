@@ -540,6 +540,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 mode.kernel_mode(),
                 recorder.clone(),
             )?);
+            let train_kernel = kernel.clone();
             let in_process = TrainConfig {
                 workers: if args.runner_processes > 0 {
                     0
@@ -641,7 +642,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             .await;
             bar.finish_and_clear();
             session.shutdown().await?;
-            let report = report?;
+            let mut report = report?;
+            if args.runner_processes == 0 && args.store_url.is_none() {
+                report.kernel = Some(train_kernel.stats());
+            }
             eprintln!(
                 "{} run: {} rollouts, train violation rate {:.3}, dev accuracy {:.3}, dev \
                  violation rate {:.3}",
@@ -866,6 +870,18 @@ fn print_table(untrained: &EvalStats, runs: &[(TrainingMode, RunReport)]) {
     });
     row("rollouts/s", "-".into(), &|r| {
         format!("{:.0}", r.train.rollouts_per_second)
+    });
+    row("kernel µs per check, mean", "-".into(), &|r| {
+        r.kernel
+            .map_or("-".into(), |k| format!("{:.2}", k.mean_check_us))
+    });
+    row("kernel µs per check, median", "-".into(), &|r| {
+        r.kernel
+            .map_or("-".into(), |k| format!("{:.2}", k.p50_check_us))
+    });
+    row("kernel cache hit rate", "-".into(), &|r| {
+        r.kernel
+            .map_or("-".into(), |k| format!("{:.3}", k.hit_rate))
     });
     let legend: Vec<&str> = runs.iter().map(|(m, _)| m.title()).collect();
     println!("{}\n", legend.join(" · "));

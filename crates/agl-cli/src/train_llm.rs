@@ -273,6 +273,8 @@ pub struct LlmRun {
     pub adapter: String,
     /// Peak resident memory of the process so far, bytes (Linux `VmHWM`).
     pub peak_rss_bytes: Option<u64>,
+    /// The training kernel's checks over the run (count, cache hit rate, time per check).
+    pub kernel: agl_gov::KernelStats,
     /// Seconds of the run (training and the final evaluation).
     pub seconds: f64,
 }
@@ -516,10 +518,13 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     let mut all_q: Vec<&Question> = train.clone();
     all_q.extend(dev.iter());
     let stats = crate::eval_cmd::table_stats(&dataset, all_q.iter().copied())?;
+    // One check cache for every kernel of the run (the agent's statements recur).
+    let check_cache = Arc::new(agl_gov::CheckCache::default());
     let kernel_for = |mode: GovernanceMode| -> anyhow::Result<Arc<Kernel>> {
         let env = BuildEnv {
             table_stats: stats.clone(),
             mode: Some(mode),
+            check_cache: Some(check_cache.clone()),
         };
         Ok(Arc::new(
             policy
@@ -626,6 +631,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         for &mode in &modes {
             let run_started = Instant::now();
             let kernel = kernel_for(mode.kernel_mode())?;
+            let train_kernel = kernel.clone();
             let reward = sql_agent_reward(RewardConfig::default(), args.task_reward)
                 .with_shaping(mode.shapes_reward());
             let stage = LlmStage::start(
@@ -831,6 +837,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     curve,
                     adapter: final_dir.display().to_string(),
                     peak_rss_bytes: crate::llm_bench::peak_rss_bytes(),
+                    kernel: train_kernel.stats(),
                     seconds: run_started.elapsed().as_secs_f64(),
                 },
             );
@@ -862,6 +869,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                                 accuracy: p.accuracy,
                             })
                             .collect(),
+                        kernel: Some(r.kernel),
                     },
                 )
             })

@@ -64,6 +64,16 @@ fn strip_timing(mut v: serde_json::Value) -> serde_json::Value {
             .as_object_mut()
             .unwrap()
             .remove("rollouts_per_second");
+        // The kernel's check times, and with several workers its cache hits (two workers may
+        // both miss a statement neither has cached yet), are measurements, not results.
+        let kernel = run.as_object_mut().unwrap().remove("kernel").unwrap();
+        let checks = kernel["checks"].as_u64().unwrap();
+        assert!(
+            checks >= run["train"]["rollouts"].as_u64().unwrap(),
+            "{kernel}"
+        );
+        assert!(kernel["cached_checks"].as_u64().unwrap() <= checks);
+        assert!(kernel["mean_check_us"].as_f64().unwrap() > 0.0, "{kernel}");
     }
     v
 }

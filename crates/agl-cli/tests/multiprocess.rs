@@ -98,6 +98,9 @@ fn report_without_timing(path: &Path) -> serde_json::Value {
             .as_object_mut()
             .unwrap()
             .remove("rollouts_per_second");
+        // The kernel's statistics are the trainer's own (null when runner processes held the
+        // kernels): measurements, not results.
+        run.as_object_mut().unwrap().remove("kernel");
     }
     // The in-process run reports its worker count; the remote one ran with none in-process.
     v["config"]["train"]

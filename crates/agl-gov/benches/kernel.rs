@@ -58,6 +58,7 @@ fn bench(c: &mut Criterion) {
     let env = BuildEnv {
         table_stats: stats,
         mode: None,
+        check_cache: None,
     };
     let sql_only = Kernel::new(GovernanceMode::Enforce).with_policy(SqlPolicy::default());
     per_check(c, "sql_policy", "spider_dev_gold", &actions, &sql_only);

@@ -40,6 +40,7 @@
 //! that edits cannot be re-chained without the key, and anchored so that truncation shows.
 
 mod action;
+mod cache;
 mod error;
 mod kernel;
 pub mod policies;
@@ -48,8 +49,9 @@ mod recorder;
 mod types;
 
 pub use action::{Action, ActionKind, Context, SqlDialect};
+pub use cache::{CacheStats, CheckCache, DEFAULT_CACHE_BYTES};
 pub use error::GovError;
-pub use kernel::{FAIL_CLOSED_SEVERITY, Kernel, Policy, PolicyOptions, Subject};
+pub use kernel::{FAIL_CLOSED_SEVERITY, Kernel, KernelStats, Policy, PolicyOptions, Subject};
 pub use policies::cost::COST_POLICY_NAME;
 pub use policies::sql::NameLists;
 pub use policies::sql::SQL_POLICY_NAME;

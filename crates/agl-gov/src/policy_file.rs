@@ -37,10 +37,13 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
+use crate::cache::CheckCache;
 use crate::error::GovError;
 use crate::kernel::{Kernel, Policy, PolicyOptions};
 use crate::policies::{
@@ -196,6 +199,9 @@ pub struct BuildEnv {
     pub table_stats: TableStats,
     /// Overrides the file's `mode` when set (e.g. `agl train --governance audit`).
     pub mode: Option<GovernanceMode>,
+    /// Caches parses and pure-policy findings here ([`Kernel::with_check_cache`]); kernels
+    /// built from the same file and table statistics with the same cache share entries.
+    pub check_cache: Option<Arc<CheckCache>>,
 }
 
 /// A parsed policy file (or preset).
@@ -409,7 +415,33 @@ impl PolicyFile {
         for (policy, options) in self.build_policies(env)? {
             kernel = kernel.with_boxed_policy(policy, options);
         }
+        if let Some(cache) = &env.check_cache {
+            kernel = kernel.with_check_cache_version(cache.clone(), self.digest(env));
+        }
         Ok(kernel)
+    }
+
+    /// The policy version of the kernel `build(env)` makes, for the check cache: a SHA-256
+    /// digest of the declarations (types, configurations, options, in order), the directory
+    /// relative paths resolve against, and the table statistics, truncated to 63 bits. The
+    /// mode is left out: it changes what the kernel does with findings, not the findings.
+    fn digest(&self, env: &BuildEnv) -> u64 {
+        let mut h = Sha256::new();
+        for spec in &self.policies {
+            h.update(format!("{:?}\n{:?}\n", spec.options, spec.config).as_bytes());
+        }
+        h.update(format!("{:?}\n", self.base_dir).as_bytes());
+        let mut dbs: Vec<_> = env.table_stats.iter().collect();
+        dbs.sort_by(|a, b| a.0.cmp(b.0));
+        for (db, tables) in dbs {
+            let mut tables: Vec<_> = tables.iter().collect();
+            tables.sort();
+            h.update(format!("{db}={tables:?}\n").as_bytes());
+        }
+        let d = h.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&d[..8]);
+        u64::from_le_bytes(first) & !(1 << 63)
     }
 }
 

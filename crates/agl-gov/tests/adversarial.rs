@@ -555,3 +555,106 @@ proptest! {
         }
     }
 }
+
+/// Every statement of every corpus and every Spider gold query, under each preset: a kernel
+/// with a check cache decides exactly as one without, on its first (cold) and second (warm)
+/// sight of each statement; the warm pass is answered from the cache.
+#[test]
+fn cached_kernels_decide_exactly_as_uncached_ones() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider");
+    let mut statements: Vec<(SqlDialect, String)> = Vec::new();
+    for text in [
+        include_str!("data/adversarial_sql.txt"),
+        include_str!("data/benign_sql.txt"),
+        include_str!("data/resource_exhaustion_sql.txt"),
+        include_str!("data/resource_benign_sql.txt"),
+    ] {
+        statements.extend(corpus(text).into_iter().map(|(d, sql, _)| (d, sql)));
+    }
+    for file in ["dev_gold.sql", "train_gold.sql"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        statements.extend(
+            text.lines()
+                .filter_map(|l| l.split('\t').next())
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| (SqlDialect::Sqlite, s.to_string())),
+        );
+    }
+    for preset in ["strict", "standard", "permissive"] {
+        let file = agl_gov::PolicyFile::preset(preset).unwrap();
+        let plain = file.build(&agl_gov::BuildEnv::default()).unwrap();
+        let env = agl_gov::BuildEnv {
+            check_cache: Some(std::sync::Arc::new(agl_gov::CheckCache::default())),
+            ..agl_gov::BuildEnv::default()
+        };
+        let cached = file.build(&env).unwrap();
+        for pass in ["cold", "warm"] {
+            for (i, (dialect, sql)) in statements.iter().enumerate() {
+                // One rollout per statement, so `strict`'s rate limit (a stateful policy,
+                // never cached) sees the same history in both kernels.
+                let action = Action::sql("db", sql)
+                    .with_dialect(*dialect)
+                    .with_rollout_id(format!("{pass}-{i}"));
+                let want = plain.check(&action).unwrap();
+                let got = cached.check(&action).unwrap();
+                assert_eq!(got, want, "{preset}, {pass}: {sql}");
+            }
+        }
+        let stats = cached.stats();
+        let n = statements.len() as u64;
+        assert_eq!(stats.checks, 2 * n);
+        // Repeated statements (the same gold query for several questions) hit on the cold
+        // pass too; every check of the warm pass hits.
+        assert!(stats.cached_checks >= n, "{preset}: {stats:?}");
+        println!(
+            "{preset}: {n} statements decided alike with and without the cache, {} of {} checks \
+             from the cache",
+            stats.cached_checks, stats.checks
+        );
+    }
+}
+
+/// Kernels built from the same file, statistics and cache share entries; another file or
+/// other statistics do not.
+#[test]
+fn the_policy_version_separates_policy_sets() {
+    let cache = std::sync::Arc::new(agl_gov::CheckCache::default());
+    let env = |stats: agl_gov::TableStats| agl_gov::BuildEnv {
+        table_stats: stats,
+        check_cache: Some(cache.clone()),
+        ..agl_gov::BuildEnv::default()
+    };
+    let standard = agl_gov::PolicyFile::preset("standard").unwrap();
+    let permissive = agl_gov::PolicyFile::preset("permissive").unwrap();
+    let mut rows = agl_gov::TableStats::new();
+    rows.insert(
+        "db".into(),
+        [("t".to_string(), 10u64)].into_iter().collect(),
+    );
+    let mut more_rows = rows.clone();
+    more_rows.insert(
+        "db".into(),
+        [("t".to_string(), 10u64.pow(12))].into_iter().collect(),
+    );
+    let sql = "SELECT * FROM t";
+    let first = standard.build(&env(rows.clone())).unwrap();
+    check(&first, SqlDialect::Sqlite, sql);
+    let misses = |k: &Kernel| {
+        let before = cache.stats().verdict_misses;
+        let d = check(k, SqlDialect::Sqlite, sql);
+        (cache.stats().verdict_misses - before, d)
+    };
+    // The same file and statistics, in another mode: every finding is shared.
+    let again = standard
+        .build(&agl_gov::BuildEnv {
+            mode: Some(GovernanceMode::Audit),
+            ..env(rows.clone())
+        })
+        .unwrap();
+    assert_eq!(misses(&again).0, 0);
+    assert!(permissive.build(&env(rows)).map(|k| misses(&k).0).unwrap() > 0);
+    // Other statistics price the scan differently: a miss, and a different decision.
+    let (missed, d) = misses(&standard.build(&env(more_rows)).unwrap());
+    assert!(missed > 0);
+    assert_eq!(d.verdict, Verdict::Block, "{d:?}");
+}

@@ -241,6 +241,7 @@ fn budget_usd_is_still_accepted_and_unknown_fields_are_rejected() {
 fn only_executed_actions_are_charged_to_run_and_rollout() {
     let config = CostConfig {
         price_per_million_rows_usd: 1.0,
+        run_budget_usd: Some(1_000.0),
         ..CostConfig::default()
     };
     let p = policy(config);
@@ -257,6 +258,28 @@ fn only_executed_actions_are_charged_to_run_and_rollout() {
     p.forget_rollout("r1");
     assert_eq!(p.rollout_spent_usd("r1"), 0.0);
     assert!((p.spent_usd() - 0.5002).abs() < 1e-12, "run total is kept");
+}
+
+#[test]
+fn without_a_budget_nothing_is_charged() {
+    let p = policy(CostConfig {
+        price_per_million_rows_usd: 1.0,
+        ..CostConfig::default()
+    });
+    let a = Action::sql("concert_singer", "SELECT * FROM singer").with_rollout_id("r1");
+    record(&p, &a, true);
+    record(&p, &Action::spend(0.5, 0), true);
+    assert_eq!(p.spent_usd(), 0.0);
+    assert_eq!(p.rollout_spent_usd("r1"), 0.0);
+    assert!(
+        p.is_pure(&a.kind),
+        "no budget: the findings depend on the action alone"
+    );
+    let budgeted = policy(CostConfig {
+        rollout_budget_usd: Some(1.0),
+        ..CostConfig::default()
+    });
+    assert!(!budgeted.is_pure(&a.kind));
 }
 
 #[test]

@@ -7,8 +7,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use agl_gov::TableStats;
+use agl_gov::{CheckCache, TableStats};
 use agl_spider::{
     Candidate, CandidateBuilder, CandidateConfig, DbInfo, Executor, ExecutorConfig, Question,
     ResultSet, SpiderDataset, Split, db_info, gold_is_ordered,
@@ -61,6 +62,9 @@ pub struct SpiderTask {
     pub table_stats: TableStats,
     /// What was left out.
     pub report: PreparationReport,
+    /// The check cache every kernel built for this task shares ([`crate::build_kernel`]):
+    /// the same statements recur across updates, modes and evaluation.
+    pub check_cache: Arc<CheckCache>,
 }
 
 /// Options for preparing the task.
@@ -138,6 +142,7 @@ impl SpiderTask {
             db_root,
             table_stats,
             report,
+            check_cache: Arc::new(CheckCache::default()),
         })
     }
 

@@ -145,6 +145,11 @@ pub struct RunReport {
     pub dev: EvalStats,
     /// Learning curve.
     pub curve: Vec<CurvePoint>,
+    /// The training kernel's checks over the run: count, share answered from the check
+    /// cache, time per check. Filled by whoever holds the kernel (`agl train` does); `None`
+    /// when it ran in other processes.
+    #[serde(default)]
+    pub kernel: Option<agl_gov::KernelStats>,
 }
 
 /// A progress notification.
@@ -223,7 +228,8 @@ impl RunSpec {
 }
 
 /// Builds the kernel `policy` declares, in `mode` (overriding the file's mode), with the
-/// task's table statistics for the cost policy, recording into `recorder` when given.
+/// task's table statistics for the cost policy and the task's check cache, recording into
+/// `recorder` when given.
 ///
 /// # Errors
 /// [`TrainError::Gov`] when a policy of the file rejects its configuration.
@@ -236,6 +242,7 @@ pub fn build_kernel(
     let env = BuildEnv {
         table_stats: task.table_stats.clone(),
         mode: Some(mode),
+        check_cache: Some(task.check_cache.clone()),
     };
     let mut kernel = policy.build(&env)?;
     if let Some(r) = recorder {
@@ -719,6 +726,7 @@ pub async fn train_with(
         train: stats,
         dev,
         curve,
+        kernel: None,
     })
 }
 

@@ -703,6 +703,11 @@ impl Policy for ContentPolicy {
         CONTENT_POLICY_NAME
     }
 
+    /// Pure: the findings depend on the text scanned and the configuration.
+    fn is_pure(&self, _kind: &ActionKind) -> bool {
+        true
+    }
+
     fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
         match &subject.action().kind {
             ActionKind::Output { text } => {

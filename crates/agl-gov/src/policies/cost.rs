@@ -44,8 +44,12 @@
 //! `context.rollout_spend_usd`; others count only towards the run.
 //!
 //! # Ledger
-//! [`Policy::record_outcome`] with `executed == true` adds the action's cost to the run total
-//! and to its rollout's total (thread-safe). When the action's context carries
+//! When a rollout or run budget is configured, [`Policy::record_outcome`] with
+//! `executed == true` adds the action's cost to the run total and to its rollout's total
+//! (thread-safe). Without a budget nothing reads the ledger, so nothing is charged: pricing an
+//! executed statement costs a parse, and skipping it is what lets a kernel with a check cache
+//! answer a repeated statement without parsing it (the policy is then pure,
+//! [`Policy::is_pure`]). When the action's context carries
 //! `rollout_spend_usd` / `run_spend_usd`, those caller-side totals replace the ledger's for that
 //! check. Check and record are separate steps, so concurrent workers may each pass a budget
 //! check before either records: budgets are soft limits under concurrency. Per-rollout totals
@@ -329,11 +333,17 @@ impl CostControlPolicy {
         &self.config
     }
 
+    /// Whether a rollout or run budget is configured (the ledger is kept only then).
+    fn has_budget(&self) -> bool {
+        self.config.rollout_budget_usd.is_some() || self.config.run_budget_usd.is_some()
+    }
+
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Total USD of the actions of the whole run recorded as executed so far.
+    /// Total USD of the actions of the whole run recorded as executed so far (always 0 when
+    /// no budget is configured: see the module docs).
     pub fn spent_usd(&self) -> f64 {
         self.ledger().run
     }
@@ -456,6 +466,13 @@ impl Policy for CostControlPolicy {
         COST_POLICY_NAME
     }
 
+    /// Pure when no budget is configured: then the findings depend on the action and the
+    /// configuration and table statistics only. With a rollout or run budget they depend on
+    /// what was spent, so they are computed every time.
+    fn is_pure(&self, _kind: &ActionKind) -> bool {
+        !self.has_budget()
+    }
+
     fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
         let (cost, describe) = match self.price(subject) {
             Priced::Unknown => return Ok(Vec::new()),
@@ -547,7 +564,7 @@ impl Policy for CostControlPolicy {
     }
 
     fn record_outcome(&self, subject: &Subject<'_>, executed: bool) {
-        if !executed {
+        if !executed || !self.has_budget() {
             return;
         }
         let Priced::Cost(cost, _) = self.price(subject) else {

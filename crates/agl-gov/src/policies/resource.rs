@@ -230,6 +230,11 @@ impl Policy for ResourceLimitsPolicy {
         RESOURCE_POLICY_NAME
     }
 
+    /// Pure: the findings depend on the SQL text and dialect and the configuration.
+    fn is_pure(&self, _kind: &crate::ActionKind) -> bool {
+        true
+    }
+
     fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
         let Some(parsed) = subject.sql() else {
             return Ok(Vec::new());

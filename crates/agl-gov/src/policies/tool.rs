@@ -420,6 +420,12 @@ impl Policy for ToolPolicy {
         TOOL_POLICY_NAME
     }
 
+    /// Pure for everything but tool calls (which it counts per rollout); it has nothing to
+    /// say about the rest.
+    fn is_pure(&self, kind: &ActionKind) -> bool {
+        !matches!(kind, ActionKind::ToolCall { .. })
+    }
+
     fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
         let action = subject.action();
         let ActionKind::ToolCall { name, arguments } = &action.kind else {

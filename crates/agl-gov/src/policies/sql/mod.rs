@@ -553,6 +553,11 @@ impl Policy for SqlPolicy {
         SQL_POLICY_NAME
     }
 
+    /// Pure: the findings depend on the SQL text, database and dialect and the configuration.
+    fn is_pure(&self, _kind: &ActionKind) -> bool {
+        true
+    }
+
     fn check(&self, subject: &Subject<'_>) -> Result<Vec<Finding>, GovError> {
         let database = match &subject.action().kind {
             ActionKind::Sql { database, .. } => database.as_str(),
