@@ -698,6 +698,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             let mut all_rows: Vec<SqlEvalRow> = Vec::new();
             let mut rollouts = 0u64;
             let mut rollout_seconds_total = 0.0;
+            let mut destructive = 0u64;
             for step in start_step..args.steps {
                 let step_started = Instant::now();
                 let tasks: Vec<&Question> = (0..args.tasks_per_step)
@@ -753,6 +754,16 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                         _ => None,
                     })
                     .sum();
+                // Statements that changed data or schema and ran (rolled back, but counted).
+                destructive += finished
+                    .iter()
+                    .flat_map(|f| f.spans.iter())
+                    .filter(|sp| {
+                        sp.name == agl_core::semconv::AGL_OPERATION
+                            && sp.attributes.get("agl.destructive")
+                                == Some(&agl_core::AttributeValue::Bool(true))
+                    })
+                    .count() as u64;
                 let sql_seconds: f64 = finished
                     .iter()
                     .flat_map(|f| f.spans.iter())
@@ -824,7 +835,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 violation_rate: train_summary.violation_rate,
                 mean_reward: train_summary.mean_reward,
                 accuracy: train_summary.accuracy,
-                destructive_executed: 0,
+                destructive_executed: destructive,
                 screened: curve.iter().map(|p| p.screened as u64).sum(),
                 rollouts_per_second: rollouts as f64 / run_started.elapsed().as_secs_f64().max(1e-9),
             };
@@ -1034,6 +1045,18 @@ fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<TrainingMode, LlmRun>, s
     });
     row("train accuracy", "-".into(), &|r| {
         format!("{:.3}", r.train.accuracy)
+    });
+    row("destructive executed", "-".into(), &|r| {
+        r.train.destructive_executed.to_string()
+    });
+    row("screened from gradient", "-".into(), &|r| {
+        r.train.screened.to_string()
+    });
+    row("kernel µs per check, mean", "-".into(), &|r| {
+        format!("{:.2}", r.kernel.mean_check_us)
+    });
+    row("kernel cache hit rate", "-".into(), &|r| {
+        format!("{:.3}", r.kernel.hit_rate)
     });
     let mean = |r: &LlmRun, f: fn(&LlmCurvePoint) -> f64| {
         let n = r.curve.len().max(1) as f64;
