@@ -78,20 +78,25 @@ fn strip_timing(mut v: serde_json::Value) -> serde_json::Value {
     v
 }
 
+/// A small training: 48 train questions, 40 dev questions, one epoch of 3 updates.
+const SMALL: [&str; 8] = [
+    "--limit",
+    "48",
+    "--dev-limit",
+    "40",
+    "--epochs",
+    "1",
+    "--batch-questions",
+    "16",
+];
+
 fn small_run(dir: &Path, name: &str, workers: &str) -> (serde_json::Value, PathBuf) {
     let report = dir.join(format!("{name}.json"));
     let log = dir.join(format!("{name}.db"));
-    let o = agl(&[
-        "train",
-        "--compare",
-        "--limit",
-        "48",
-        "--dev-limit",
-        "40",
-        "--epochs",
-        "1",
-        "--batch-questions",
-        "16",
+    let plot = dir.join(format!("{name}.svg"));
+    let mut args = vec!["train", "--compare"];
+    args.extend(SMALL);
+    args.extend([
         "--workers",
         workers,
         "--seed",
@@ -101,8 +106,9 @@ fn small_run(dir: &Path, name: &str, workers: &str) -> (serde_json::Value, PathB
         "--audit-log",
         log.to_str().unwrap(),
         "--plot",
-        dir.join(format!("{name}.svg")).to_str().unwrap(),
+        plot.to_str().unwrap(),
     ]);
+    let o = agl(&args);
     assert!(o.status.success(), "agl train failed: {}", stderr(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -117,23 +123,10 @@ fn small_run(dir: &Path, name: &str, workers: &str) -> (serde_json::Value, PathB
 fn compare_lists_of_training_modes() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("modes.json");
-    let o = agl(&[
-        "train",
-        "--compare",
-        "audit,shield,screen,enforce",
-        "--limit",
-        "48",
-        "--dev-limit",
-        "40",
-        "--epochs",
-        "1",
-        "--batch-questions",
-        "16",
-        "--workers",
-        "1",
-        "--report",
-        report.to_str().unwrap(),
-    ]);
+    let mut args = vec!["train", "--compare", "audit,shield,screen,enforce"];
+    args.extend(SMALL);
+    args.extend(["--workers", "1", "--report", report.to_str().unwrap()]);
+    let o = agl(&args);
     assert!(o.status.success(), "agl train failed: {}", stderr(&o));
     let out = stdout(&o);
     for row in [
