@@ -218,6 +218,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         agl_server::server::serve_until_signal(store, config, gateway, |addr| {
             use std::io::Write;
             println!("agl store listening on http://{addr} ({backend}{llm_note})");
+            println!("dashboard: http://{addr}/");
             let _ = std::io::stdout().flush();
         })
         .await?;

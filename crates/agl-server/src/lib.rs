@@ -4,7 +4,8 @@
 //!
 //! Responsible for the HTTP boundary: routing, request models ([`wire`]), the error catalogue
 //! ([`error`]), OTLP decoding ([`otlp`]), metrics ([`metrics`]), auth, CORS, body limits and
-//! graceful shutdown ([`server`]), and the client ([`client`]). Not responsible for store
+//! graceful shutdown ([`server`]), the dashboard's pages ([`dashboard`]), and the client
+//! ([`client`]). Not responsible for store
 //! semantics: every handler calls a [`agl_store::LightningStore`] (memory or SQLite), which
 //! applies the lifecycle rules.
 
@@ -14,6 +15,7 @@
 
 pub mod app;
 pub mod client;
+pub mod dashboard;
 pub mod error;
 pub mod gateway;
 pub mod metrics;

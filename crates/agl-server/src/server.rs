@@ -112,8 +112,25 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The dashboard's token cookie, if the request carries one.
+fn token_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(name, _)| *name == crate::dashboard::TOKEN_COOKIE)
+        .map(|(_, value)| value)
+}
+
 async fn require_token(State(token): State<Arc<str>>, req: Request, next: Next) -> Response {
-    if req.method() == Method::OPTIONS || req.uri().path() == "/v1/agl/health" {
+    let path = req.uri().path();
+    if req.method() == Method::OPTIONS
+        || path == "/v1/agl/health"
+        || path == "/dashboard/login"
+        || path.starts_with("/dashboard/assets/")
+    {
         return next.run(req).await;
     }
     let headers = req.headers();
@@ -124,7 +141,16 @@ async fn require_token(State(token): State<Arc<str>>, req: Request, next: Next) 
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| token_cookie(headers));
+    // A browser without the token goes to the dashboard's sign-in page.
+    let wants_html = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"));
+    if given.is_none() && wants_html && !path.starts_with("/v1/") {
+        return axum::response::Redirect::to("/dashboard/login").into_response();
+    }
     match given {
         Some(t) if constant_time_eq(t.trim().as_bytes(), token.as_bytes()) => next.run(req).await,
         Some(_) => ApiError::new(ErrorCode::Unauthorized, "the bearer token is wrong").into_response(),
@@ -176,6 +202,7 @@ pub fn build_app_with_gateway(
         Some(g) => Some(crate::gateway::router(store.clone(), g).map_err(ServerError::Config)?),
         None => None,
     };
+    let store_for_pages = store.clone();
     let state = Arc::new(AppContext {
         store,
         metrics: ServerMetrics::new(),
@@ -183,7 +210,8 @@ pub fn build_app_with_gateway(
         body_limit_bytes: config.body_limit_bytes,
         shutting_down,
     });
-    let mut app = router(state);
+    let mut app = router(state)
+        .merge(crate::dashboard::router(store_for_pages).map_err(ServerError::Config)?);
     if let Some(g) = gateway {
         app = app.merge(g);
     }

@@ -1,0 +1,341 @@
+//! The dashboard: HTML pages over the store, served by `agl store` at `/`.
+//!
+//! Server-side templates (minijinja; the templates and the stylesheet are embedded in the
+//! binary with `include_str!`, so building `agl` needs no Node toolchain and the pages work
+//! without JavaScript). Every page reads the store through the same [`LightningStore`] queries
+//! the `/v1/agl` API serves, one page of results at a time (`limit`/`offset`), so a page view
+//! never scans the whole store.
+//!
+//! Pages:
+//! * `/`: rollouts, filtered by status, mode and id substring, sorted by start time, end
+//!   time, status or id, 50 per page (`limit` up to 500);
+//! * `/rollouts/{id}` (`?attempt=ID`, default the latest): the rollout, its input, attempts,
+//!   reward and violations, and its trace as a waterfall (spans on a time axis, nested by
+//!   parent) and a tree of spans whose LLM calls show the messages, the completion, token
+//!   counts and whether token ids are present, and whose governance spans show the action,
+//!   verdict, policy and severity.
+//!
+//! With `--auth-token` the pages need the token too: `/dashboard/login` takes it once and sets
+//! an `HttpOnly`, `SameSite=Strict` cookie that the auth layer accepts like the bearer header.
+
+mod view;
+
+use std::sync::Arc;
+
+use agl_core::{RolloutMode, RolloutStatus};
+use agl_store::{AttemptQuery, LightningStore, RolloutQuery, Sort, SortOrder, SpanQuery, Window};
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use minijinja::{Environment, context};
+use serde::Deserialize;
+
+/// The cookie the dashboard's login sets and the auth layer accepts.
+pub const TOKEN_COOKIE: &str = "agl_token";
+
+/// Rollouts per page by default, and at most.
+const PAGE: u64 = 50;
+const MAX_PAGE: u64 = 500;
+/// Spans shown on a rollout page at most (the waterfall of a longer trace is cut there).
+const MAX_SPANS: u64 = 2_000;
+
+/// What the pages share: the store and the compiled templates.
+struct Dashboard {
+    store: Arc<dyn LightningStore>,
+    templates: Environment<'static>,
+}
+
+type Shared = Arc<Dashboard>;
+
+fn templates() -> Result<Environment<'static>, minijinja::Error> {
+    let mut env = Environment::new();
+    for (name, text) in [
+        ("base.html", include_str!("../../templates/base.html")),
+        (
+            "rollouts.html",
+            include_str!("../../templates/rollouts.html"),
+        ),
+        ("rollout.html", include_str!("../../templates/rollout.html")),
+        ("error.html", include_str!("../../templates/error.html")),
+        ("login.html", include_str!("../../templates/login.html")),
+    ] {
+        env.add_template(name, text)?;
+    }
+    Ok(env)
+}
+
+/// The dashboard's routes over `store`.
+///
+/// # Errors
+/// A template that does not compile (a build defect, caught by the tests).
+pub fn router(store: Arc<dyn LightningStore>) -> Result<Router, String> {
+    let shared = Arc::new(Dashboard {
+        store,
+        templates: templates().map_err(|e| format!("dashboard templates: {e}"))?,
+    });
+    Ok(Router::new()
+        .route("/", get(rollouts))
+        .route("/rollouts/{rollout_id}", get(rollout))
+        .route("/dashboard/assets/dashboard.css", get(stylesheet))
+        .route("/dashboard/login", get(login_form).post(login))
+        .with_state(shared))
+}
+
+impl Dashboard {
+    fn render(&self, status: StatusCode, name: &str, ctx: minijinja::Value) -> Response {
+        match self
+            .templates
+            .get_template(name)
+            .and_then(|t| t.render(ctx))
+        {
+            Ok(html) => (status, Html(html)).into_response(),
+            Err(e) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("dashboard template {name}: {e}"),
+            )
+                .into_response(),
+        }
+    }
+
+    fn error(&self, status: StatusCode, message: impl std::fmt::Display) -> Response {
+        self.render(
+            status,
+            "error.html",
+            context! { status => status.to_string(), message => message.to_string(), page => "" },
+        )
+    }
+}
+
+async fn stylesheet() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("../../templates/dashboard.css"),
+    )
+        .into_response()
+}
+
+/// Query string of `/`. Unknown keys are ignored (a browser's form sends what it has).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RolloutsParams {
+    status: String,
+    mode: String,
+    id: String,
+    sort: String,
+    order: String,
+    limit: Option<u64>,
+    offset: u64,
+}
+
+/// Fields the rollouts page sorts by.
+const SORTS: [&str; 4] = ["start_time", "end_time", "status", "rollout_id"];
+
+async fn rollouts(State(d): State<Shared>, Query(p): Query<RolloutsParams>) -> Response {
+    let status = match p.status.as_str() {
+        "" => None,
+        s => match s.parse::<RolloutStatus>() {
+            Ok(v) => Some(vec![v]),
+            Err(_) => {
+                return d.error(
+                    StatusCode::BAD_REQUEST,
+                    format!("`{s}` is not a rollout status"),
+                );
+            }
+        },
+    };
+    let mode = match p.mode.as_str() {
+        "" => None,
+        s => match s.parse::<RolloutMode>() {
+            Ok(v) => Some(vec![v]),
+            Err(_) => {
+                return d.error(
+                    StatusCode::BAD_REQUEST,
+                    format!("`{s}` is not a rollout mode"),
+                );
+            }
+        },
+    };
+    let sort = if p.sort.is_empty() {
+        "start_time"
+    } else {
+        p.sort.as_str()
+    };
+    if !SORTS.contains(&sort) {
+        return d.error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot sort by `{sort}`: use {}", SORTS.join(", ")),
+        );
+    }
+    let order = if p.order == "asc" { "asc" } else { "desc" };
+    let limit = p.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
+    let query = RolloutQuery {
+        status_in: status,
+        mode_in: mode,
+        rollout_id_contains: Some(p.id.clone()).filter(|s| !s.is_empty()),
+        sort: Sort {
+            by: Some(sort.to_string()),
+            order: if order == "asc" {
+                SortOrder::Asc
+            } else {
+                SortOrder::Desc
+            },
+        },
+        window: Window {
+            limit: Some(limit),
+            offset: p.offset,
+        },
+        ..RolloutQuery::default()
+    };
+    let page = match d.store.query_rollouts(query).await {
+        Ok(page) => page,
+        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+    };
+    let rows: Vec<view::RolloutRow> = page.items.iter().map(view::RolloutRow::of).collect();
+    let href = |offset: u64| {
+        let q = serde_urlencoded::to_string([
+            ("status", p.status.as_str()),
+            ("mode", p.mode.as_str()),
+            ("id", p.id.as_str()),
+            ("sort", sort),
+            ("order", order),
+            ("limit", &limit.to_string()),
+            ("offset", &offset.to_string()),
+        ])
+        .unwrap_or_default();
+        format!("/?{q}")
+    };
+    let shown = rows.len() as u64;
+    d.render(
+        StatusCode::OK,
+        "rollouts.html",
+        context! {
+            page => "rollouts",
+            rows,
+            total => page.total,
+            first => if shown == 0 { 0 } else { p.offset + 1 },
+            last => p.offset + shown,
+            prev_href => (p.offset > 0).then(|| href(p.offset.saturating_sub(limit))),
+            next_href => (p.offset + shown < page.total).then(|| href(p.offset + limit)),
+            statuses => view::STATUSES,
+            modes => view::MODES,
+            sorts => SORTS,
+            filter => context! {
+                status => p.status, mode => p.mode, id => p.id, sort, order, limit,
+            },
+        },
+    )
+}
+
+/// Query string of `/rollouts/{id}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RolloutParams {
+    attempt: Option<String>,
+}
+
+async fn rollout(
+    State(d): State<Shared>,
+    Path(rollout_id): Path<String>,
+    Query(p): Query<RolloutParams>,
+) -> Response {
+    let found = match d.store.get_rollout_by_id(&rollout_id).await {
+        Ok(r) => r,
+        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+    };
+    let Some(r) = found else {
+        return d.error(
+            StatusCode::NOT_FOUND,
+            format!("no rollout `{rollout_id}` in this store"),
+        );
+    };
+    let attempts = match d
+        .store
+        .query_attempts(&rollout_id, AttemptQuery::default())
+        .await
+    {
+        Ok(a) => a.items,
+        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+    };
+    let attempt = p
+        .attempt
+        .clone()
+        .or_else(|| attempts.last().map(|a| a.attempt_id.clone()));
+    let spans = match &attempt {
+        Some(a) => {
+            let query = SpanQuery {
+                window: Window {
+                    limit: Some(MAX_SPANS),
+                    offset: 0,
+                },
+                ..SpanQuery::of(&rollout_id, Some(a))
+            };
+            match d.store.query_spans(query).await {
+                Ok(s) => s,
+                Err(e) => {
+                    return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}"));
+                }
+            }
+        }
+        None => agl_store::Paginated {
+            items: Vec::new(),
+            limit: 0,
+            offset: 0,
+            total: 0,
+        },
+    };
+    let trace = view::Trace::of(&spans.items);
+    d.render(
+        StatusCode::OK,
+        "rollout.html",
+        context! {
+            page => "rollout",
+            rollout => view::RolloutFacts::of(&r),
+            attempts => attempts.iter().map(view::AttemptRow::of).collect::<Vec<_>>(),
+            attempt,
+            reward => trace.reward.map_or_else(|| "–".to_string(), |x| format!("{x:.4}")),
+            violations => trace.violations,
+            spans => trace.spans,
+            truncated => spans.total > spans.items.len() as u64,
+        },
+    )
+}
+
+async fn login_form(State(d): State<Shared>) -> Response {
+    d.render(
+        StatusCode::OK,
+        "login.html",
+        context! { page => "login", error => () },
+    )
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+/// Sets the token cookie (the auth layer checks it on the next request) and goes to `/`.
+async fn login(State(d): State<Shared>, axum::Form(form): axum::Form<LoginForm>) -> Response {
+    let token = form.token.trim();
+    if token.is_empty()
+        || !token
+            .chars()
+            .all(|c| c.is_ascii_graphic() && !";,\\\"".contains(c))
+    {
+        return d.render(
+            StatusCode::BAD_REQUEST,
+            "login.html",
+            context! { page => "login", error => "a token is printable ASCII without ; , \\ or \"" },
+        );
+    }
+    let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+    match header::HeaderValue::from_str(&cookie) {
+        Ok(v) => ([(header::SET_COOKIE, v)], Redirect::to("/")).into_response(),
+        Err(_) => (
+            StatusCode::BAD_REQUEST,
+            "the token holds characters a cookie cannot carry",
+        )
+            .into_response(),
+    }
+}
