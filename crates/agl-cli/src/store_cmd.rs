@@ -217,9 +217,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .map_or("memory".to_string(), |p| format!("SQLite {}", p.display()));
         agl_server::server::serve_until_signal(store, config, gateway, |addr| {
             use std::io::Write;
-            println!("agl store listening on http://{addr} ({backend}{llm_note})");
-            println!("dashboard: http://{addr}/");
-            let _ = std::io::stdout().flush();
+            // Whoever started us may read the first line and close the pipe: a failed write
+            // must not take the server down.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(
+                out,
+                "agl store listening on http://{addr} ({backend}{llm_note})"
+            );
+            let _ = writeln!(out, "dashboard: http://{addr}/");
+            let _ = out.flush();
         })
         .await?;
         eprintln!("agl store stopped");

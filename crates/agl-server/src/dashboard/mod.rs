@@ -129,33 +129,27 @@ struct RolloutsParams {
     offset: u64,
 }
 
+/// A filter's value: none when empty, else the one value it names.
+fn filter<T: std::str::FromStr>(value: &str, what: &str) -> Result<Option<Vec<T>>, String> {
+    match value {
+        "" => Ok(None),
+        v => v
+            .parse()
+            .map(|x| Some(vec![x]))
+            .map_err(|_| format!("`{v}` is not a {what}")),
+    }
+}
+
 /// Fields the rollouts page sorts by.
 const SORTS: [&str; 4] = ["start_time", "end_time", "status", "rollout_id"];
 
 async fn rollouts(State(d): State<Shared>, Query(p): Query<RolloutsParams>) -> Response {
-    let status = match p.status.as_str() {
-        "" => None,
-        s => match s.parse::<RolloutStatus>() {
-            Ok(v) => Some(vec![v]),
-            Err(_) => {
-                return d.error(
-                    StatusCode::BAD_REQUEST,
-                    format!("`{s}` is not a rollout status"),
-                );
-            }
-        },
-    };
-    let mode = match p.mode.as_str() {
-        "" => None,
-        s => match s.parse::<RolloutMode>() {
-            Ok(v) => Some(vec![v]),
-            Err(_) => {
-                return d.error(
-                    StatusCode::BAD_REQUEST,
-                    format!("`{s}` is not a rollout mode"),
-                );
-            }
-        },
+    let (status, mode) = match (
+        filter::<RolloutStatus>(&p.status, "rollout status"),
+        filter::<RolloutMode>(&p.mode, "rollout mode"),
+    ) {
+        (Ok(s), Ok(m)) => (s, m),
+        (Err(e), _) | (_, Err(e)) => return d.error(StatusCode::BAD_REQUEST, e),
     };
     let sort = if p.sort.is_empty() {
         "start_time"
