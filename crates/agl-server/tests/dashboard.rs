@@ -292,3 +292,21 @@ async fn with_a_token_the_pages_need_the_sign_in_cookie() {
     let (status, _, _) = get(&app, "/", &[(header::COOKIE, "agl_token=wrong")]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn the_runners_page_lists_workers_and_their_rollouts() {
+    let (store, rid, aid) = filled().await;
+    let app = app(store, None);
+    let (status, html, _) = get(&app, "/runners", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{html}");
+    for needle in ["1 worker<", "worker-7", &rid, &aid, "busy"] {
+        assert!(html.contains(needle), "no `{needle}` in {html}");
+    }
+    let empty = app_empty();
+    let (_, html, _) = get(&empty, "/runners", &[]).await;
+    assert!(html.contains("No worker has registered"), "{html}");
+}
+
+fn app_empty() -> Router {
+    app(Arc::new(InMemoryLightningStore::new()), None)
+}

@@ -9,6 +9,8 @@
 //! Pages:
 //! * `/`: rollouts, filtered by status, mode and id substring, sorted by start time, end
 //!   time, status or id, 50 per page (`limit` up to 500);
+//! * `/runners`: the workers that registered with the store, with status, current rollout
+//!   and attempt, and their last heartbeat, dequeue, busy and idle times, 50 per page;
 //! * `/rollouts/{id}` (`?attempt=ID`, default the latest): the rollout, its input, attempts,
 //!   reward and violations, and its trace as a waterfall (spans on a time axis, nested by
 //!   parent) and a tree of spans whose LLM calls show the messages, the completion, token
@@ -60,6 +62,7 @@ fn templates() -> Result<Environment<'static>, minijinja::Error> {
         ("rollout.html", include_str!("../../templates/rollout.html")),
         ("error.html", include_str!("../../templates/error.html")),
         ("login.html", include_str!("../../templates/login.html")),
+        ("runners.html", include_str!("../../templates/runners.html")),
     ] {
         env.add_template(name, text)?;
     }
@@ -78,6 +81,7 @@ pub fn router(store: Arc<dyn LightningStore>) -> Result<Router, String> {
     Ok(Router::new()
         .route("/", get(rollouts))
         .route("/rollouts/{rollout_id}", get(rollout))
+        .route("/runners", get(runners))
         .route("/dashboard/assets/dashboard.css", get(stylesheet))
         .route("/dashboard/login", get(login_form).post(login))
         .with_state(shared))
@@ -218,6 +222,46 @@ async fn rollouts(State(d): State<Shared>, Query(p): Query<RolloutsParams>) -> R
             filter => context! {
                 status => p.status, mode => p.mode, id => p.id, sort, order, limit,
             },
+        },
+    )
+}
+
+/// Query string of `/runners`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PageParams {
+    limit: Option<u64>,
+    offset: u64,
+}
+
+async fn runners(State(d): State<Shared>, Query(p): Query<PageParams>) -> Response {
+    let limit = p.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
+    let query = agl_store::WorkerQuery {
+        sort: Sort::asc("worker_id"),
+        window: Window {
+            limit: Some(limit),
+            offset: p.offset,
+        },
+        ..agl_store::WorkerQuery::default()
+    };
+    let page = match d.store.query_workers(query).await {
+        Ok(page) => page,
+        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+    };
+    let rows: Vec<view::WorkerRow> = page.items.iter().map(view::WorkerRow::of).collect();
+    let shown = rows.len() as u64;
+    let href = |offset: u64| format!("/runners?limit={limit}&offset={offset}");
+    d.render(
+        StatusCode::OK,
+        "runners.html",
+        context! {
+            page => "runners",
+            rows,
+            total => page.total,
+            first => if shown == 0 { 0 } else { p.offset + 1 },
+            last => p.offset + shown,
+            prev_href => (p.offset > 0).then(|| href(p.offset.saturating_sub(limit))),
+            next_href => (p.offset + shown < page.total).then(|| href(p.offset + limit)),
         },
     )
 }

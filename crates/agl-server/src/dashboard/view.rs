@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use agl_core::{AnyRollout, Attempt, AttributeValue, Rollout, RolloutMode, RolloutStatus, Span};
+use agl_core::{
+    AnyRollout, Attempt, AttributeValue, Rollout, RolloutMode, RolloutStatus, Span, Worker,
+};
 use serde::Serialize;
 
 /// The rollout statuses, for the filter.
@@ -156,6 +158,41 @@ impl AttemptRow {
             started: time(Some(a.start_time)),
             duration: duration(Some(a.start_time), a.end_time),
             heartbeat: time(a.last_heartbeat_time),
+        }
+    }
+}
+
+/// One line of the runners table.
+#[derive(Debug, Serialize)]
+pub(crate) struct WorkerRow {
+    id: String,
+    status: &'static str,
+    rollout: Option<String>,
+    attempt: String,
+    heartbeat: String,
+    dequeued: String,
+    busy: String,
+    idle: String,
+    /// The worker's own heartbeat statistics, as JSON (empty when none).
+    stats: String,
+}
+
+impl WorkerRow {
+    pub(crate) fn of(w: &Worker) -> Self {
+        WorkerRow {
+            id: w.worker_id.clone(),
+            status: w.status.as_str(),
+            rollout: w.current_rollout_id.clone(),
+            attempt: w.current_attempt_id.clone().unwrap_or_else(|| "–".into()),
+            heartbeat: time(w.last_heartbeat_time),
+            dequeued: time(w.last_dequeue_time),
+            busy: time(w.last_busy_time),
+            idle: time(w.last_idle_time),
+            stats: w
+                .heartbeat_stats
+                .as_ref()
+                .map(|v| serde_json::to_string(v).unwrap_or_default())
+                .unwrap_or_default(),
         }
     }
 }
