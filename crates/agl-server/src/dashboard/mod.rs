@@ -63,6 +63,7 @@ fn templates() -> Result<Environment<'static>, minijinja::Error> {
         ("error.html", include_str!("../../templates/error.html")),
         ("login.html", include_str!("../../templates/login.html")),
         ("runners.html", include_str!("../../templates/runners.html")),
+        ("pager.html", include_str!("../../templates/pager.html")),
     ] {
         env.add_template(name, text)?;
     }
@@ -212,10 +213,7 @@ async fn rollouts(State(d): State<Shared>, Query(p): Query<RolloutsParams>) -> R
             page => "rollouts",
             rows,
             total => page.total,
-            first => if shown == 0 { 0 } else { p.offset + 1 },
-            last => p.offset + shown,
-            prev_href => (p.offset > 0).then(|| href(p.offset.saturating_sub(limit))),
-            next_href => (p.offset + shown < page.total).then(|| href(p.offset + limit)),
+            pager => view::Pager::new(p.offset, limit, shown, page.total, href),
             statuses => view::STATUSES,
             modes => view::MODES,
             sorts => SORTS,
@@ -258,10 +256,7 @@ async fn runners(State(d): State<Shared>, Query(p): Query<PageParams>) -> Respon
             page => "runners",
             rows,
             total => page.total,
-            first => if shown == 0 { 0 } else { p.offset + 1 },
-            last => p.offset + shown,
-            prev_href => (p.offset > 0).then(|| href(p.offset.saturating_sub(limit))),
-            next_href => (p.offset + shown < page.total).then(|| href(p.offset + limit)),
+            pager => view::Pager::new(p.offset, limit, shown, page.total, href),
         },
     )
 }

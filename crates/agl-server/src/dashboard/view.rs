@@ -162,6 +162,36 @@ impl AttemptRow {
     }
 }
 
+/// The "previous · first–last of total · next" line under a paged table.
+#[derive(Debug, Serialize)]
+pub(crate) struct Pager {
+    first: u64,
+    last: u64,
+    total: u64,
+    prev_href: Option<String>,
+    next_href: Option<String>,
+}
+
+impl Pager {
+    /// The pager of a page of `shown` items at `offset` (pages of `limit`) among `total`;
+    /// `href(offset)` is the link to the page starting at `offset`.
+    pub(crate) fn new(
+        offset: u64,
+        limit: u64,
+        shown: u64,
+        total: u64,
+        href: impl Fn(u64) -> String,
+    ) -> Self {
+        Pager {
+            first: if shown == 0 { 0 } else { offset + 1 },
+            last: offset + shown,
+            total,
+            prev_href: (offset > 0).then(|| href(offset.saturating_sub(limit))),
+            next_href: (offset + shown < total).then(|| href(offset + limit)),
+        }
+    }
+}
+
 /// One line of the runners table.
 #[derive(Debug, Serialize)]
 pub(crate) struct WorkerRow {
