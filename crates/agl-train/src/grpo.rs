@@ -289,9 +289,10 @@ impl Grpo {
     }
 }
 
-/// Greedy choice of `model` for each question of `batch` (lowest index on ties).
-pub fn greedy(model: &dyn PolicyModel, batch: &FeatureBatch) -> Result<Vec<usize>, TrainError> {
-    let lp: Vec<Vec<f32>> = batch.log_probs(model)?.to_vec2()?;
+/// Greedy choice per question from `log_probs` (`[B, C]`, as [`FeatureBatch::log_probs`]
+/// gives for a model; lowest index on ties).
+pub fn greedy(log_probs: &Tensor) -> Result<Vec<usize>, TrainError> {
+    let lp: Vec<Vec<f32>> = log_probs.to_vec2()?;
     Ok(lp
         .iter()
         .map(|row| {

@@ -470,7 +470,7 @@ impl Session {
             let batch = FeatureBatch::new(&sets)?;
             let log_probs = batch.log_probs(model)?;
             unsafe_probability += unsafe_mass(&log_probs, chunk)?;
-            for (k, choice) in greedy(model, &batch)?.into_iter().enumerate() {
+            for (k, choice) in greedy(&log_probs)?.into_iter().enumerate() {
                 inputs.push(SqlTaskInput {
                     split,
                     question: start + k,
