@@ -455,7 +455,8 @@ impl Kernel {
         self.checks.fetch_add(1, Ordering::Relaxed);
         self.check_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.latency.record(nanos);
-        if all_cached {
+        // A policy told the outcome may have parsed the statement too.
+        if all_cached && !subject.parsed() {
             self.cached_checks.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(rec) = &self.recorder {
@@ -538,7 +539,8 @@ impl Kernel {
 
     /// Steps 1-4 of [`Kernel::check`]; `stateful` lets the signal step update the
     /// stopped-agent set. The flag says whether every pure policy's findings came from the
-    /// cache and nothing parsed the statement.
+    /// cache and nothing parsed a rewritten-away statement (the returned subject's own parse
+    /// is for the caller to look at, after the outcome step).
     fn decide<'a>(&'a self, action: &'a Action, stateful: bool) -> (Decision, Subject<'a>, bool) {
         let enforce = self.mode == GovernanceMode::Enforce;
         let mut violations = Vec::new();
@@ -582,7 +584,6 @@ impl Kernel {
                 None => break subject,
             }
         };
-        all_cached &= !subject.parsed();
         let verdict = if violations.is_empty() {
             Verdict::Allow
         } else if !enforce {
