@@ -103,6 +103,14 @@ pub struct ServeArgs {
     llm_adapters: Vec<String>,
     #[command(flatten)]
     gateway: GatewayArgs,
+    /// Show this flight-recorder database (`agl train --audit-log FILE`) on the dashboard's
+    /// governance pages: its chain status (verified as `agl audit verify` does), summary and
+    /// entries. Opened read-only.
+    #[arg(long, value_name = "FILE.db")]
+    audit_db: Option<PathBuf>,
+    /// The HMAC key file of a keyed --audit-db chain (default: $AGL_AUDIT_KEY_FILE).
+    #[arg(long, value_name = "FILE", requires = "audit_db")]
+    audit_key_file: Option<PathBuf>,
 }
 
 /// `agl store …` subcommands.
@@ -163,6 +171,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         body_limit_bytes: args.body_limit_mib.saturating_mul(1024 * 1024),
         cors_origins: args.cors_origins.clone(),
         max_wait_seconds: args.max_wait,
+        audit_db: args.audit_db.clone(),
+        // The key file: the flag, else $AGL_AUDIT_KEY_FILE when a database is shown.
+        audit_key_file: args.audit_key_file.clone().or_else(|| {
+            args.audit_db.as_ref()?;
+            std::env::var_os(agl_gov::AUDIT_KEY_FILE_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        }),
     };
     config.validate()?;
     let (gateway, llm_note) = match (&args.llm, args.upstream.http()) {

@@ -58,6 +58,11 @@ pub struct ServerConfig {
     /// Longest single `POST /waits/rollouts`, seconds (default 25, under the Python client's
     /// 30 s request timeout).
     pub max_wait_seconds: f64,
+    /// A flight-recorder database the dashboard's governance pages show (chain status,
+    /// summary, entries), opened read-only (`agl store --audit-db`).
+    pub audit_db: Option<std::path::PathBuf>,
+    /// The HMAC key file of a keyed `audit_db` chain.
+    pub audit_key_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +74,8 @@ impl Default for ServerConfig {
             body_limit_bytes: 16 * 1024 * 1024,
             cors_origins: Vec::new(),
             max_wait_seconds: 25.0,
+            audit_db: None,
+            audit_key_file: None,
         }
     }
 }
@@ -202,7 +209,15 @@ pub fn build_app_with_gateway(
         Some(g) => Some(crate::gateway::router(store.clone(), g).map_err(ServerError::Config)?),
         None => None,
     };
-    let store_for_pages = store.clone();
+    let pages = crate::dashboard::router(
+        store.clone(),
+        shutting_down.clone(),
+        &crate::dashboard::DashboardOptions {
+            audit_db: config.audit_db.clone(),
+            audit_key_file: config.audit_key_file.clone(),
+        },
+    )
+    .map_err(ServerError::Config)?;
     let state = Arc::new(AppContext {
         store,
         metrics: ServerMetrics::new(),
@@ -210,8 +225,7 @@ pub fn build_app_with_gateway(
         body_limit_bytes: config.body_limit_bytes,
         shutting_down,
     });
-    let mut app = router(state)
-        .merge(crate::dashboard::router(store_for_pages).map_err(ServerError::Config)?);
+    let mut app = router(state).merge(pages);
     if let Some(g) = gateway {
         app = app.merge(g);
     }

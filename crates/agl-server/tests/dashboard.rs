@@ -160,13 +160,16 @@ async fn the_rollouts_page_filters_sorts_and_pages() {
     let app = app(store, None);
     let (status, html, _) = get(&app, "/", &[]).await;
     assert_eq!(status, StatusCode::OK, "{html}");
-    assert!(html.contains("13 matching"), "{html}");
+    assert!(html.contains(">13</span> matching"), "{html}");
     assert!(html.contains(&format!("/rollouts/{rid}")), "{html}");
     // Filters.
     let (_, html, _) = get(&app, "/?mode=val", &[]).await;
-    assert!(html.contains("5 matching"), "{html}");
+    assert!(html.contains(">5</span> matching"), "{html}");
     let (_, html, _) = get(&app, "/?status=running", &[]).await;
-    assert!(html.contains("1 matching") && html.contains(&rid), "{html}");
+    assert!(
+        html.contains(">1</span> matching") && html.contains(&rid),
+        "{html}"
+    );
     let (_, html, _) = get(&app, &format!("/?id={}", &rid[..8]), &[]).await;
     assert!(html.contains(&rid), "{html}");
     // Pages of 5: 1–5, then 6–10 with links both ways, then 11–13.

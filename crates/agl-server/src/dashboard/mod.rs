@@ -1,27 +1,49 @@
 //! The dashboard: HTML pages over the store, served by `agl store` at `/`.
 //!
-//! Server-side templates (minijinja; the templates and the stylesheet are embedded in the
-//! binary with `include_str!`, so building `agl` needs no Node toolchain and the pages work
-//! without JavaScript). Every page reads the store through the same [`LightningStore`] queries
-//! the `/v1/agl` API serves, one page of results at a time (`limit`/`offset`), so a page view
-//! never scans the whole store.
+//! Server-side templates (minijinja; the templates, the stylesheet and one small script are
+//! embedded in the binary with `include_str!`, so building `agl` needs no Node toolchain).
+//! Every page is complete without script; the script only adds live updates. Tables read the
+//! store through the same [`LightningStore`] queries the `/v1/agl` API serves, one page of
+//! results at a time (`limit`/`offset`), so a page view never scans the whole store; curves
+//! and governance counts come from the [`tally`], which reads each finished rollout once.
 //!
 //! Pages:
 //! * `/`: rollouts, filtered by status, mode and id substring, sorted by start time, end
 //!   time, status or id, 50 per page (`limit` up to 500);
-//! * `/runners`: the workers that registered with the store, with status, current rollout
-//!   and attempt, and their last heartbeat, dequeue, busy and idle times, 50 per page;
 //! * `/rollouts/{id}` (`?attempt=ID`, default the latest): the rollout, its input, attempts,
 //!   reward and violations, and its trace as a waterfall (spans on a time axis, nested by
 //!   parent) and a tree of spans whose LLM calls show the messages, the completion, token
 //!   counts and whether token ids are present, and whose governance spans show the action,
-//!   verdict, policy and severity.
+//!   verdict, policy and severity;
+//! * `/training`: mean reward, accuracy and violation rate per resources version (step) and
+//!   mode, as charts and a table;
+//! * `/resources`, `/resources/{id}`: the resources (prompt templates, LLM endpoints; API keys
+//!   never shown) with their versions and the rollouts that used them;
+//! * `/governance`: violations over time by policy, counts by policy and severity, the most
+//!   frequently blocked actions, and the flight recorder of `--audit-db` (chain status,
+//!   summary); `/governance/audit`: its entries, filtered by rollout, policy, verdict and
+//!   severity, page by page (a `seq` cursor);
+//! * `/runners`: the workers that registered with the store, with status, current rollout
+//!   and attempt, and their last heartbeat, dequeue, busy and idle times, 50 per page;
+//! * `/dashboard/events`: server-sent events, one `change` per change of the store (see
+//!   [`live`]); pages marked live re-render their `<main>` on each.
 //!
 //! With `--auth-token` the pages need the token too: `/dashboard/login` takes it once and sets
-//! an `HttpOnly`, `SameSite=Strict` cookie that the auth layer accepts like the bearer header.
+//! an `HttpOnly`, `SameSite=Strict` cookie that the auth layer accepts like the bearer header
+//! (the event stream too: `EventSource` sends the cookie).
 
+mod audit;
+mod charts;
+mod governance;
+mod live;
+mod tally;
+mod training;
 mod view;
 
+use governance::{audit_entries, governance};
+use training::{resource, resources, training};
+
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use agl_core::{RolloutMode, RolloutStatus};
@@ -43,10 +65,22 @@ const MAX_PAGE: u64 = 500;
 /// Spans shown on a rollout page at most (the waterfall of a longer trace is cut there).
 const MAX_SPANS: u64 = 2_000;
 
-/// What the pages share: the store and the compiled templates.
+/// What the dashboard shows beside the store.
+#[derive(Debug, Clone, Default)]
+pub struct DashboardOptions {
+    /// A flight-recorder database for the governance pages (opened read-only).
+    pub audit_db: Option<PathBuf>,
+    /// The HMAC key file of a keyed `audit_db` chain.
+    pub audit_key_file: Option<PathBuf>,
+}
+
+/// What the pages share: the store, the compiled templates, the live-update loop (and the
+/// tally it keeps), and the flight recorder, if one was given.
 struct Dashboard {
     store: Arc<dyn LightningStore>,
     templates: Environment<'static>,
+    live: Arc<live::Live>,
+    audit: Option<audit::AuditDb>,
 }
 
 type Shared = Arc<Dashboard>;
@@ -64,32 +98,85 @@ fn templates() -> Result<Environment<'static>, minijinja::Error> {
         ("login.html", include_str!("../../templates/login.html")),
         ("runners.html", include_str!("../../templates/runners.html")),
         ("pager.html", include_str!("../../templates/pager.html")),
+        (
+            "progress.html",
+            include_str!("../../templates/progress.html"),
+        ),
+        (
+            "training.html",
+            include_str!("../../templates/training.html"),
+        ),
+        (
+            "resources.html",
+            include_str!("../../templates/resources.html"),
+        ),
+        (
+            "resource.html",
+            include_str!("../../templates/resource.html"),
+        ),
+        (
+            "governance.html",
+            include_str!("../../templates/governance.html"),
+        ),
+        ("audit.html", include_str!("../../templates/audit.html")),
     ] {
         env.add_template(name, text)?;
     }
     Ok(env)
 }
 
-/// The dashboard's routes over `store`.
+/// The dashboard's routes over `store`; its live-update loop and event streams end when
+/// `shutting_down` turns true.
 ///
 /// # Errors
-/// A template that does not compile (a build defect, caught by the tests).
-pub fn router(store: Arc<dyn LightningStore>) -> Result<Router, String> {
+/// A template that does not compile (a build defect, caught by the tests); an `audit_db` that
+/// is not a flight-recorder database, or whose key is missing, unreadable or not wanted.
+pub fn router(
+    store: Arc<dyn LightningStore>,
+    shutting_down: tokio::sync::watch::Receiver<bool>,
+    options: &DashboardOptions,
+) -> Result<Router, String> {
+    let audit = match &options.audit_db {
+        Some(path) => {
+            let key = match &options.audit_key_file {
+                Some(f) => Some(
+                    agl_gov::hmac_key_from_file(f)
+                        .map_err(|e| format!("--audit-key-file {}: {e}", f.display()))?,
+                ),
+                None => None,
+            };
+            Some(audit::AuditDb::open(path, key)?)
+        }
+        None if options.audit_key_file.is_some() => {
+            return Err("--audit-key-file needs --audit-db".into());
+        }
+        None => None,
+    };
     let shared = Arc::new(Dashboard {
+        live: Arc::new(live::Live::new(store.clone(), shutting_down)),
         store,
         templates: templates().map_err(|e| format!("dashboard templates: {e}"))?,
+        audit,
     });
     Ok(Router::new()
         .route("/", get(rollouts))
         .route("/rollouts/{rollout_id}", get(rollout))
         .route("/runners", get(runners))
+        .route("/training", get(training))
+        .route("/resources", get(resources))
+        .route("/resources/{resources_id}", get(resource))
+        .route("/governance", get(governance))
+        .route("/governance/audit", get(audit_entries))
+        .route("/dashboard/events", get(events))
         .route("/dashboard/assets/dashboard.css", get(stylesheet))
+        .route("/dashboard/assets/dashboard.js", get(script))
         .route("/dashboard/login", get(login_form).post(login))
         .with_state(shared))
 }
 
 impl Dashboard {
     fn render(&self, status: StatusCode, name: &str, ctx: minijinja::Value) -> Response {
+        self.live.ensure_started();
         match self
             .templates
             .get_template(name)
@@ -119,6 +206,18 @@ async fn stylesheet() -> Response {
         include_str!("../../templates/dashboard.css"),
     )
         .into_response()
+}
+
+async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../../templates/dashboard.js"),
+    )
+        .into_response()
+}
+
+async fn events(State(d): State<Shared>) -> Response {
+    d.live.events().into_response()
 }
 
 /// Query string of `/`. Unknown keys are ignored (a browser's form sends what it has).
@@ -211,6 +310,7 @@ async fn rollouts(State(d): State<Shared>, Query(p): Query<RolloutsParams>) -> R
         "rollouts.html",
         context! {
             page => "rollouts",
+            live => true,
             rows,
             total => page.total,
             pager => view::Pager::new(p.offset, limit, shown, page.total, href),
@@ -224,7 +324,7 @@ async fn rollouts(State(d): State<Shared>, Query(p): Query<RolloutsParams>) -> R
     )
 }
 
-/// Query string of `/runners`.
+/// Query string of `/runners` and `/resources`: a page of results.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct PageParams {
@@ -232,14 +332,22 @@ struct PageParams {
     offset: u64,
 }
 
+impl PageParams {
+    /// The store's window for these parameters (`limit` 50 by default, at most 500).
+    fn window(&self) -> Window {
+        Window {
+            limit: Some(self.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE)),
+            offset: self.offset,
+        }
+    }
+}
+
 async fn runners(State(d): State<Shared>, Query(p): Query<PageParams>) -> Response {
-    let limit = p.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
+    let window = p.window();
+    let limit = window.limit.unwrap_or(PAGE);
     let query = agl_store::WorkerQuery {
         sort: Sort::asc("worker_id"),
-        window: Window {
-            limit: Some(limit),
-            offset: p.offset,
-        },
+        window,
         ..agl_store::WorkerQuery::default()
     };
     let page = match d.store.query_workers(query).await {
@@ -254,6 +362,7 @@ async fn runners(State(d): State<Shared>, Query(p): Query<PageParams>) -> Respon
         "runners.html",
         context! {
             page => "runners",
+            live => true,
             rows,
             total => page.total,
             pager => view::Pager::new(p.offset, limit, shown, page.total, href),
@@ -324,6 +433,7 @@ async fn rollout(
         "rollout.html",
         context! {
             page => "rollout",
+            live => !r.status.is_finished(),
             rollout => view::RolloutFacts::of(&r),
             attempts => attempts.iter().map(view::AttemptRow::of).collect::<Vec<_>>(),
             attempt,

@@ -1,0 +1,292 @@
+//! The flight recorder on the governance pages (`agl store --audit-db FILE`): the chain's
+//! status (`agl_gov::RecorderReader::verify`, the check `agl audit verify` runs), its summary
+//! counts, and its entries one page at a time.
+//!
+//! Verifying rereads every entry (about a second per few hundred thousand), so a result is
+//! kept and re-checked only when the database has new entries and the last check is older
+//! than [`RECHECK`]; the page says when the shown result was computed and over how many
+//! entries. The database is opened read-only for every read (the recorder of a running
+//! training may be appending to it; readers see what it committed).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agl_core::now_seconds;
+use agl_gov::{
+    HeadSource, Page, Query, RecorderReader, Severity, Summary, Verdict, VerifyOptions,
+    VerifyReport,
+};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+/// Least time between two verifications of a growing database.
+pub(crate) const RECHECK: Duration = Duration::from_secs(30);
+
+/// What the governance page shows of the chain.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ChainStatus {
+    pub(crate) path: String,
+    /// `verified`, `broken` or `error`.
+    pub(crate) state: &'static str,
+    pub(crate) keyed: bool,
+    pub(crate) entries: u64,
+    pub(crate) beyond_head: u64,
+    pub(crate) head_hash: Option<String>,
+    /// The first broken entry, or the error.
+    pub(crate) problem: Option<String>,
+    /// When it was computed (UTC text) and how long it took, seconds.
+    pub(crate) checked_at: String,
+    pub(crate) seconds: f64,
+    pub(crate) summary: Option<Summary>,
+}
+
+struct Checked {
+    /// The last entry's seq when it was computed (0 = empty).
+    last_seq: u64,
+    at: Instant,
+    status: ChainStatus,
+}
+
+/// A flight-recorder database shown by the dashboard.
+pub(crate) struct AuditDb {
+    path: PathBuf,
+    key: Option<Vec<u8>>,
+    checked: Mutex<Option<Checked>>,
+}
+
+/// The last committed entry's seq, walking from the head anchor (entries are seq 1..=n
+/// without gaps; the walk reads only the entries past the anchor).
+fn last_seq(reader: &RecorderReader) -> Result<u64, String> {
+    let head = agl_gov::Head::read(&agl_gov::Head::sidecar_path(reader.path())).ok();
+    let mut seq = head.map_or(0, |h| h.seq);
+    loop {
+        let page = reader
+            .query(&Query {
+                after_seq: Some(seq),
+                limit: 10_000,
+                ..Query::default()
+            })
+            .map_err(|e| e.to_string())?;
+        match page.next_cursor {
+            Some(next) if page.more => seq = next,
+            Some(next) => return Ok(next),
+            None => return Ok(seq),
+        }
+    }
+}
+
+fn check(path: &Path, key: Option<&[u8]>) -> (u64, ChainStatus) {
+    let started = Instant::now();
+    let checked_at = super::view::time(Some(now_seconds()));
+    let failed = |problem: String| ChainStatus {
+        path: path.display().to_string(),
+        state: "error",
+        keyed: false,
+        entries: 0,
+        beyond_head: 0,
+        head_hash: None,
+        problem: Some(problem),
+        checked_at: checked_at.clone(),
+        seconds: started.elapsed().as_secs_f64(),
+        summary: None,
+    };
+    let reader = match RecorderReader::open(path) {
+        Ok(r) => r,
+        Err(e) => return (0, failed(e.to_string())),
+    };
+    let report: VerifyReport = match reader.verify(&VerifyOptions {
+        hmac_key: key.map(<[u8]>::to_vec),
+        head: HeadSource::Sidecar,
+    }) {
+        Ok(r) => r,
+        Err(e) => return (0, failed(e.to_string())),
+    };
+    // A verified chain has seq 1..=entries; a broken one is walked.
+    let seq = if report.ok() {
+        report.entries
+    } else {
+        last_seq(&reader).unwrap_or(report.entries)
+    };
+    let summary = reader.summary().ok();
+    let status = ChainStatus {
+        path: path.display().to_string(),
+        state: if report.ok() { "verified" } else { "broken" },
+        keyed: report.keyed,
+        entries: report.entries,
+        beyond_head: report.beyond_head,
+        head_hash: report.head.as_ref().map(|h| h.hash.clone()),
+        problem: report
+            .first_broken
+            .as_ref()
+            .map(|b| format!("entry {}: {}", b.seq, b.reason)),
+        checked_at,
+        seconds: started.elapsed().as_secs_f64(),
+        summary,
+    };
+    (seq, status)
+}
+
+/// Filters of `/governance/audit` (the query string, already parsed).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EntryFilter {
+    pub(crate) rollout_id: Option<String>,
+    pub(crate) policy: Option<String>,
+    pub(crate) verdict: Option<Verdict>,
+    pub(crate) severity: Option<Severity>,
+    pub(crate) after: Option<u64>,
+    pub(crate) limit: usize,
+}
+
+impl EntryFilter {
+    /// Parses the page's parameters; the error names the bad one.
+    pub(crate) fn parse(
+        rollout_id: &str,
+        policy: &str,
+        verdict: &str,
+        severity: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<EntryFilter, String> {
+        let some = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
+        Ok(EntryFilter {
+            rollout_id: some(rollout_id),
+            policy: some(policy),
+            verdict: match verdict.trim() {
+                "" => None,
+                v => {
+                    Some(v.parse().map_err(|_| {
+                        format!("`{v}` is not a verdict (allow, warn, modify, block)")
+                    })?)
+                }
+            },
+            severity: match severity.trim() {
+                "" => None,
+                v => Some(v.parse().map_err(|_| {
+                    format!("`{v}` is not a severity (low, medium, high, critical)")
+                })?),
+            },
+            after,
+            limit,
+        })
+    }
+}
+
+impl AuditDb {
+    /// The database at `path`, checked once now so that a wrong path or key fails at start-up.
+    ///
+    /// # Errors
+    /// The file is missing or not a flight-recorder database, or the key does not fit it.
+    pub(crate) fn open(path: &Path, key: Option<Vec<u8>>) -> Result<AuditDb, String> {
+        let reader = RecorderReader::open(path)
+            .map_err(|e| format!("--audit-db {}: {e}", path.display()))?;
+        let keyed = reader
+            .keyed()
+            .map_err(|e| format!("--audit-db {}: {e}", path.display()))?;
+        match (keyed, key.is_some()) {
+            (false, true) => {
+                return Err(format!(
+                    "--audit-db {}: the chain is not keyed, but a key was given",
+                    path.display()
+                ));
+            }
+            (true, false) => {
+                return Err(format!(
+                    "--audit-db {}: the chain is keyed (HMAC-SHA-256): give its key with \
+                     --audit-key-file (or ${})",
+                    path.display(),
+                    agl_gov::AUDIT_KEY_FILE_ENV
+                ));
+            }
+            _ => {}
+        }
+        Ok(AuditDb {
+            path: path.to_path_buf(),
+            key,
+            checked: Mutex::new(None),
+        })
+    }
+
+    /// The database file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The chain's status, recomputed when the database grew and the last result is older
+    /// than [`RECHECK`].
+    pub(crate) async fn status(&self) -> ChainStatus {
+        let mut checked = self.checked.lock().await;
+        if let Some(c) = checked.as_ref() {
+            if c.at.elapsed() < RECHECK {
+                return c.status.clone();
+            }
+            let (path, from) = (self.path.clone(), c.last_seq);
+            let grew = tokio::task::spawn_blocking(move || {
+                RecorderReader::open(&path).and_then(|r| {
+                    r.query(&Query {
+                        after_seq: Some(from),
+                        limit: 1,
+                        ..Query::default()
+                    })
+                })
+            })
+            .await;
+            if matches!(grew, Ok(Ok(Page { ref entries, .. })) if entries.is_empty())
+                && let Some(c) = checked.as_mut()
+            {
+                c.at = Instant::now();
+                return c.status.clone();
+            }
+        }
+        let (path, key) = (self.path.clone(), self.key.clone());
+        let (last_seq, status) =
+            match tokio::task::spawn_blocking(move || check(&path, key.as_deref())).await {
+                Ok(r) => r,
+                Err(e) => (
+                    0,
+                    ChainStatus {
+                        path: self.path.display().to_string(),
+                        state: "error",
+                        keyed: self.key.is_some(),
+                        entries: 0,
+                        beyond_head: 0,
+                        head_hash: None,
+                        problem: Some(format!("the check did not finish: {e}")),
+                        checked_at: super::view::time(Some(now_seconds())),
+                        seconds: 0.0,
+                        summary: None,
+                    },
+                ),
+            };
+        *checked = Some(Checked {
+            last_seq,
+            at: Instant::now(),
+            status: status.clone(),
+        });
+        status
+    }
+
+    /// One page of entries matching `f`, oldest first, from after `f.after`.
+    ///
+    /// # Errors
+    /// The database cannot be read, as text.
+    pub(crate) async fn entries(&self, f: EntryFilter) -> Result<Page, String> {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            RecorderReader::open(&path)
+                .and_then(|r| {
+                    r.query(&Query {
+                        rollout_id: f.rollout_id,
+                        policy: f.policy,
+                        verdict: f.verdict,
+                        severity: f.severity,
+                        after_seq: f.after,
+                        limit: f.limit,
+                        ..Query::default()
+                    })
+                })
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| format!("the query did not finish: {e}"))?
+    }
+}

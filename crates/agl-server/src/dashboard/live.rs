@@ -1,0 +1,118 @@
+//! Live updates: one background loop per dashboard, started by the first page view, polls the
+//! store once a second (the [`Follower`] for newly finished rollouts, and the store's
+//! statistics for anything else: new rollouts, status changes, spans, resources, workers) and
+//! bumps a counter when something changed. `GET /dashboard/events` streams that counter as
+//! server-sent events (`event: change`, `data: <counter>`); the page script
+//! (`dashboard.js`) then fetches the page again and swaps its `<main>`.
+//!
+//! The loop and every event stream end when the server shuts down, so a graceful shutdown
+//! never waits on an open page.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use agl_store::{LightningStore, StoreStatistics};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use tokio::sync::watch;
+
+use super::tally::Follower;
+
+/// Time between two polls of the store.
+pub(crate) const EVERY: Duration = Duration::from_secs(1);
+
+/// The loop's state and its change counter.
+pub(crate) struct Live {
+    store: Arc<dyn LightningStore>,
+    pub(crate) follower: Arc<Follower>,
+    changes: watch::Sender<u64>,
+    started: AtomicBool,
+    shutting_down: watch::Receiver<bool>,
+}
+
+/// What the statistics say changed (uptime excluded).
+fn fingerprint(s: &StoreStatistics) -> StoreStatistics {
+    StoreStatistics {
+        uptime: 0.0,
+        ..s.clone()
+    }
+}
+
+impl Live {
+    pub(crate) fn new(
+        store: Arc<dyn LightningStore>,
+        shutting_down: watch::Receiver<bool>,
+    ) -> Live {
+        Live {
+            follower: Arc::new(Follower::new(store.clone())),
+            store,
+            changes: watch::channel(0).0,
+            started: AtomicBool::new(false),
+            shutting_down,
+        }
+    }
+
+    /// Starts the loop unless it runs (called by every page view; the first one starts it).
+    pub(crate) fn ensure_started(self: &Arc<Self>) {
+        if !self.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(Arc::clone(self).run());
+        }
+    }
+
+    /// Polls until the server shuts down.
+    async fn run(self: Arc<Self>) {
+        let mut stop = self.shutting_down.clone();
+        let mut last: Option<StoreStatistics> = None;
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let counted = match self.follower.poll().await {
+                Ok(n) => n,
+                Err(e) => {
+                    self.follower.failed(&e);
+                    0
+                }
+            };
+            let stats = self.store.statistics().await.ok().map(|s| fingerprint(&s));
+            let moved = stats.is_some() && stats != last;
+            if stats.is_some() {
+                last = stats;
+            }
+            if counted > 0 || moved {
+                self.changes.send_modify(|n| *n += 1);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(EVERY) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// The event stream of one page: a `change` event per bump, until shutdown.
+    pub(crate) fn events(
+        self: &Arc<Self>,
+    ) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
+        self.ensure_started();
+        let changes = self.changes.subscribe();
+        let stop = self.shutting_down.clone();
+        let stream =
+            futures_util::stream::unfold((changes, stop), |(mut changes, mut stop)| async move {
+                if *stop.borrow() {
+                    return None;
+                }
+                tokio::select! {
+                    r = changes.changed() => {
+                        r.ok()?;
+                        let n = *changes.borrow_and_update();
+                        let event = Event::default().event("change").data(n.to_string());
+                        Some((Ok(event), (changes, stop)))
+                    }
+                    _ = stop.changed() => None,
+                }
+            });
+        Sse::new(stream).keep_alive(KeepAlive::default())
+    }
+}

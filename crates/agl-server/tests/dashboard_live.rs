@@ -1,0 +1,347 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The dashboard's training, resources and governance pages and its live updates, through the
+//! full application (`build_app`): the tally of finished rollouts per resources version, the
+//! violations and blocked actions it counts, a flight-recorder database's chain status and
+//! entries (`--audit-db`), and the server-sent events that tell a page the store changed.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agl_core::{
+    AttemptStatus, Attributes, EnqueueRolloutRequest, NamedResources, PromptEngine, PromptTemplate,
+    Resource, RolloutMode, Span,
+};
+use agl_gov::{Action, FlightRecorder, GovernanceMode, Kernel, SqlPolicy};
+use agl_server::server::{ServerConfig, build_app};
+use agl_store::{AttemptUpdate, InMemoryLightningStore, LightningStore};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+fn app_with(
+    store: Arc<dyn LightningStore>,
+    config: &ServerConfig,
+) -> (Router, watch::Sender<bool>) {
+    let (tx, rx) = watch::channel(false);
+    (build_app(store, config, rx).unwrap(), tx)
+}
+
+async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
+    let request = Request::builder()
+        .uri(uri)
+        .header(header::ACCEPT, "text/html")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// Gets `uri` until its body contains `needle` (the tally is filled by a background loop).
+async fn get_until(app: &Router, uri: &str, needle: &str) -> String {
+    let mut html = String::new();
+    for _ in 0..100 {
+        html = get(app, uri).await.1;
+        if html.contains(needle) {
+            return html;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{uri} never showed {needle:?}:\n{html}");
+}
+
+fn template(text: &str) -> NamedResources {
+    let mut r = NamedResources::new();
+    r.insert(
+        "prompt".into(),
+        Resource::PromptTemplate(PromptTemplate {
+            template: text.into(),
+            engine: PromptEngine::Jinja,
+        }),
+    );
+    r
+}
+
+/// Runs one rollout on `resources` to success, with a reward, a correctness flag and, when
+/// `blocked` is given, a blocked action and its violation.
+async fn finish_one(
+    store: &Arc<dyn LightningStore>,
+    resources: &str,
+    reward: f64,
+    correct: bool,
+    blocked: Option<&str>,
+) {
+    let mut r = EnqueueRolloutRequest::new(serde_json::json!({"q": "x"}));
+    r.mode = Some(RolloutMode::Train);
+    r.resources_id = Some(resources.into());
+    let started = store.start_rollout(r, None).await.unwrap();
+    let (rid, aid) = (&started.rollout.rollout_id, &started.attempt.attempt_id);
+    let mut op = Attributes::new();
+    op.insert("agl.correct".into(), correct.into());
+    let mut spans = vec![Span::new(rid, aid, 1, "agentlightning.operation", op)];
+    if let Some(sql) = blocked {
+        let mut a = Attributes::new();
+        a.insert("agl.sql".into(), sql.into());
+        a.insert("agl.verdict".into(), "block".into());
+        spans.push(Span::new(rid, aid, 2, "agentlightning.operation", a));
+        let mut v = Attributes::new();
+        v.insert("agent_os.violation.policy".into(), "sql_safety".into());
+        v.insert("agent_os.violation.severity".into(), "critical".into());
+        spans.push(Span::new(rid, aid, 3, "agentlightning.annotation", v));
+    }
+    spans.push(Span::new(
+        rid,
+        aid,
+        4,
+        "agentlightning.annotation",
+        agl_core::semconv::reward_attributes(&[("final", reward)]),
+    ));
+    store.add_spans(spans).await.unwrap();
+    store
+        .update_attempt(
+            rid,
+            aid,
+            AttemptUpdate {
+                status: Some(AttemptStatus::Succeeded),
+                ..AttemptUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn training_and_resources_pages_show_curves_per_version() {
+    let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+    store
+        .update_resources("policy-v1", template("v1: {{ question }}"))
+        .await
+        .unwrap();
+    store
+        .update_resources("policy-v2", template("v2: {{ question }}"))
+        .await
+        .unwrap();
+    // v1: rewards 0 and 1, one correct, one violating; v2: two correct, reward 1 each.
+    finish_one(&store, "policy-v1", 0.0, false, Some("DROP TABLE singer")).await;
+    finish_one(&store, "policy-v1", 1.0, true, None).await;
+    finish_one(&store, "policy-v2", 1.0, true, None).await;
+    finish_one(&store, "policy-v2", 1.0, true, None).await;
+    let (app, _stop) = app_with(store.clone(), &ServerConfig::default());
+    let html = get_until(
+        &app,
+        "/training",
+        "<strong id=\"tally-rollouts\">4</strong>",
+    )
+    .await;
+    assert!(html.contains("of 4 finished rollouts"), "{html}");
+    assert_eq!(html.matches("<svg class=\"chart\"").count(), 3, "{html}");
+    assert!(
+        html.contains("policy-v* · train"),
+        "the legend names the series: {html}"
+    );
+    // The table: v2 (newest first) then v1, with means, accuracy and violation rate.
+    let v2 = html.find("/resources/policy-v2").unwrap();
+    let v1 = html.find("/resources/policy-v1").unwrap();
+    assert!(v2 < v1, "{html}");
+    let row_v1 = html[v1..].split("</tr>").next().unwrap();
+    assert!(row_v1.contains("0.500</td>"), "{row_v1}");
+    let row_v2 = html[v2..].split("</tr>").next().unwrap();
+    assert!(
+        row_v2.contains("1.000</td>") && row_v2.contains("0.000</td>"),
+        "{row_v2}"
+    );
+
+    let (status, html) = get(&app, "/resources").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        html.contains("2 ids") && html.contains("prompt (prompt_template)"),
+        "{html}"
+    );
+    let (status, html) = get(&app, "/resources/policy-v1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("v1: {{ question }}"), "{html}");
+    assert!(html.contains("jinja template"), "{html}");
+    let (status, html) = get(&app, "/resources/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(html.contains("no resources `nope`"), "{html}");
+}
+
+fn audit_db(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("audit.db");
+    let k = Kernel::new(GovernanceMode::Enforce)
+        .with_policy(SqlPolicy::default())
+        .with_recorder(FlightRecorder::create(&path).unwrap());
+    for (i, sql) in ["SELECT name FROM singer", "DROP TABLE singer", "SELECT 1"]
+        .iter()
+        .cycle()
+        .take(9)
+        .enumerate()
+    {
+        k.check(&Action::sql("concert_singer", *sql).with_rollout_id(format!("ro-{i}")))
+            .unwrap();
+    }
+    k.recorder().unwrap().flush().unwrap();
+    path
+}
+
+#[tokio::test]
+async fn the_governance_page_counts_violations_and_verifies_the_recorder() {
+    let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+    finish_one(
+        &store,
+        "policy-v1",
+        -100.0,
+        false,
+        Some("DROP TABLE singer"),
+    )
+    .await;
+    finish_one(
+        &store,
+        "policy-v1",
+        -100.0,
+        false,
+        Some("DROP TABLE singer"),
+    )
+    .await;
+    finish_one(
+        &store,
+        "policy-v1",
+        -50.0,
+        false,
+        Some("DELETE FROM singer"),
+    )
+    .await;
+    finish_one(&store, "policy-v1", 1.0, true, None).await;
+    // Without --audit-db: the page says how to give one; the entries page is a 404.
+    let (app, _stop) = app_with(store.clone(), &ServerConfig::default());
+    let html = get_until(
+        &app,
+        "/governance",
+        "<strong id=\"tally-rollouts\">4</strong>",
+    )
+    .await;
+    assert!(html.contains("agl store --audit-db FILE"), "{html}");
+    assert!(html.contains("3 blocked in all"), "{html}");
+    let drop = html.find("<code>DROP TABLE singer</code></td><td class=\"num\">2<");
+    let delete = html.find("<code>DELETE FROM singer</code></td><td class=\"num\">1<");
+    assert!(
+        drop.is_some() && delete.is_some() && drop < delete,
+        "{html}"
+    );
+    assert!(html.contains("3 in all"), "{html}");
+    assert!(html.contains("<svg class=\"chart\""), "{html}");
+    let (status, _) = get(&app, "/governance/audit").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // With a recorder: the chain verifies; the entries filter.
+    let dir = tempfile::tempdir().unwrap();
+    let path = audit_db(dir.path());
+    let config = ServerConfig {
+        audit_db: Some(path.clone()),
+        ..ServerConfig::default()
+    };
+    let (app, _stop) = app_with(store.clone(), &config);
+    let (status, html) = get(&app, "/governance").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("Chain verified: 9 entries"), "{html}");
+    assert!(html.contains("unkeyed (SHA-256)"), "{html}");
+    let (status, html) = get(&app, "/governance/audit").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(html.matches("<tr>").count(), 1 + 9, "{html}");
+    let (_, html) = get(&app, "/governance/audit?verdict=block").await;
+    assert_eq!(html.matches("<tr>").count(), 1 + 3, "{html}");
+    assert!(!html.contains("verdict allow"), "{html}");
+    let (_, html) = get(&app, "/governance/audit?limit=4").await;
+    assert!(html.contains("after=4"), "a next page from seq 4: {html}");
+    let (_, html) = get(&app, "/governance/audit?limit=4&after=8").await;
+    assert_eq!(html.matches("<tr>").count(), 1 + 1, "{html}");
+    let (status, html) = get(&app, "/governance/audit?verdict=maybe").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(html.contains("`maybe` is not a verdict"), "{html}");
+
+    // A tampered row is reported as broken (after the 30 s re-check window: a new app).
+    tamper(&path);
+    let (app, _stop) = app_with(store, &config);
+    let (_, html) = get(&app, "/governance").await;
+    assert!(html.contains("Chain broken at entry 2"), "{html}");
+}
+
+/// Changes entry 2's verdict in place, as someone with write access to the file could.
+fn tamper(path: &Path) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let changed = conn
+        .execute("UPDATE entries SET verdict = 'allow' WHERE seq = 2", [])
+        .unwrap();
+    assert_eq!(changed, 1);
+}
+
+#[tokio::test]
+async fn a_bad_audit_db_fails_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+    let missing = ServerConfig {
+        audit_db: Some(dir.path().join("missing.db")),
+        ..ServerConfig::default()
+    };
+    let err = build_app(store.clone(), &missing, watch::channel(false).1).unwrap_err();
+    assert!(err.to_string().contains("missing.db"), "{err}");
+    let key_only = ServerConfig {
+        audit_key_file: Some(dir.path().join("key")),
+        ..ServerConfig::default()
+    };
+    let err = build_app(store, &key_only, watch::channel(false).1).unwrap_err();
+    assert!(err.to_string().contains("needs --audit-db"), "{err}");
+}
+
+#[tokio::test]
+async fn events_tell_a_page_the_store_changed_and_end_at_shutdown() {
+    let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+    let (app, stop) = app_with(store.clone(), &ServerConfig::default());
+    let request = Request::builder()
+        .uri("/dashboard/events")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/event-stream"
+    );
+    let mut body = response.into_body().into_data_stream();
+    // The first poll sees the (empty) store; a finished rollout is a change.
+    finish_one(&store, "policy-v1", 1.0, true, None).await;
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !seen.contains("event: change") {
+        let chunk = tokio::time::timeout_at(deadline, body.next())
+            .await
+            .expect("a change event within 10 s")
+            .expect("the stream is open")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("data: "), "{seen}");
+    // Shutdown ends the stream (a graceful shutdown must not wait on open pages).
+    stop.send(true).unwrap();
+    let rest = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = body.next().await {
+            chunk.unwrap();
+        }
+    })
+    .await;
+    assert!(rest.is_ok(), "the event stream did not end at shutdown");
+    // The page script is served.
+    let (status, js) = get(&app, "/dashboard/assets/dashboard.js").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        js.contains("new EventSource(\"/dashboard/events\")"),
+        "{js}"
+    );
+}
