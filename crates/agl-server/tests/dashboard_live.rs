@@ -283,21 +283,37 @@ fn tamper(path: &Path) {
 }
 
 #[tokio::test]
-async fn a_bad_audit_db_fails_at_start_up() {
+async fn a_bad_audit_db_fails_at_start_up_and_a_missing_one_is_awaited() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
-    let missing = ServerConfig {
-        audit_db: Some(dir.path().join("missing.db")),
+    let not_a_recorder = dir.path().join("notes.db");
+    std::fs::write(&not_a_recorder, "not SQLite").unwrap();
+    let config = ServerConfig {
+        audit_db: Some(not_a_recorder),
         ..ServerConfig::default()
     };
-    let err = build_app(store.clone(), &missing, watch::channel(false).1).unwrap_err();
-    assert!(err.to_string().contains("missing.db"), "{err}");
+    let err = build_app(store.clone(), &config, watch::channel(false).1).unwrap_err();
+    assert!(err.to_string().contains("notes.db"), "{err}");
     let key_only = ServerConfig {
         audit_key_file: Some(dir.path().join("key")),
         ..ServerConfig::default()
     };
-    let err = build_app(store, &key_only, watch::channel(false).1).unwrap_err();
+    let err = build_app(store.clone(), &key_only, watch::channel(false).1).unwrap_err();
     assert!(err.to_string().contains("needs --audit-db"), "{err}");
+    // A database the training run has not created yet: the page waits for it, then shows it.
+    let later = dir.path().join("later");
+    std::fs::create_dir(&later).unwrap();
+    let config = ServerConfig {
+        audit_db: Some(later.join("audit.db")),
+        ..ServerConfig::default()
+    };
+    let (app, _stop) = app_with(store, &config);
+    let (status, html) = get(&app, "/governance").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("Waiting for the flight recorder"), "{html}");
+    audit_db(&later);
+    let (_, html) = get(&app, "/governance").await;
+    assert!(html.contains("Chain verified: 9 entries"), "{html}");
 }
 
 #[tokio::test]

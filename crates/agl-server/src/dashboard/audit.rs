@@ -26,7 +26,7 @@ pub(crate) const RECHECK: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ChainStatus {
     pub(crate) path: String,
-    /// `verified`, `broken` or `error`.
+    /// `verified`, `broken`, `error`, or `waiting` (no file yet).
     pub(crate) state: &'static str,
     pub(crate) keyed: bool,
     pub(crate) entries: u64,
@@ -90,6 +90,19 @@ fn check(path: &Path, key: Option<&[u8]>) -> (u64, ChainStatus) {
         seconds: started.elapsed().as_secs_f64(),
         summary: None,
     };
+    if !path.exists() {
+        return (
+            0,
+            ChainStatus {
+                state: "waiting",
+                ..failed(format!(
+                    "no database at {} yet (`agl train --audit-log {}` creates it)",
+                    path.display(),
+                    path.display()
+                ))
+            },
+        );
+    }
     let reader = match RecorderReader::open(path) {
         Ok(r) => r,
         Err(e) => return (0, failed(e.to_string())),
@@ -172,38 +185,39 @@ impl EntryFilter {
 }
 
 impl AuditDb {
-    /// The database at `path`, checked once now so that a wrong path or key fails at start-up.
+    /// The database at `path`. One that exists is checked now, so that a file that is not a
+    /// flight recorder, or a key that does not fit it, fails at start-up; a missing one is
+    /// awaited (the training run that writes it may start after the server).
     ///
     /// # Errors
-    /// The file is missing or not a flight-recorder database, or the key does not fit it.
+    /// The file is not a flight-recorder database, or the key does not fit it.
     pub(crate) fn open(path: &Path, key: Option<Vec<u8>>) -> Result<AuditDb, String> {
+        let db = AuditDb {
+            path: path.to_path_buf(),
+            key,
+            checked: Mutex::new(None),
+        };
+        if !path.exists() {
+            return Ok(db);
+        }
         let reader = RecorderReader::open(path)
             .map_err(|e| format!("--audit-db {}: {e}", path.display()))?;
         let keyed = reader
             .keyed()
             .map_err(|e| format!("--audit-db {}: {e}", path.display()))?;
-        match (keyed, key.is_some()) {
-            (false, true) => {
-                return Err(format!(
-                    "--audit-db {}: the chain is not keyed, but a key was given",
-                    path.display()
-                ));
-            }
-            (true, false) => {
-                return Err(format!(
-                    "--audit-db {}: the chain is keyed (HMAC-SHA-256): give its key with \
-                     --audit-key-file (or ${})",
-                    path.display(),
-                    agl_gov::AUDIT_KEY_FILE_ENV
-                ));
-            }
-            _ => {}
+        match (keyed, db.key.is_some()) {
+            (false, true) => Err(format!(
+                "--audit-db {}: the chain is not keyed, but a key was given",
+                path.display()
+            )),
+            (true, false) => Err(format!(
+                "--audit-db {}: the chain is keyed (HMAC-SHA-256): give its key with \
+                 --audit-key-file (or ${})",
+                path.display(),
+                agl_gov::AUDIT_KEY_FILE_ENV
+            )),
+            _ => Ok(db),
         }
-        Ok(AuditDb {
-            path: path.to_path_buf(),
-            key,
-            checked: Mutex::new(None),
-        })
     }
 
     /// The database file.
@@ -216,7 +230,11 @@ impl AuditDb {
     pub(crate) async fn status(&self) -> ChainStatus {
         let mut checked = self.checked.lock().await;
         if let Some(c) = checked.as_ref() {
-            if c.at.elapsed() < RECHECK {
+            // A database that did not exist is looked for again on every view.
+            if c.status.state == "waiting" && !self.path.exists() {
+                return c.status.clone();
+            }
+            if c.status.state != "waiting" && c.at.elapsed() < RECHECK {
                 return c.status.clone();
             }
             let (path, from) = (self.path.clone(), c.last_seq);
