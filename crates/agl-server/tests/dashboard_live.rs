@@ -194,30 +194,13 @@ fn audit_db(dir: &Path) -> std::path::PathBuf {
 #[tokio::test]
 async fn the_governance_page_counts_violations_and_verifies_the_recorder() {
     let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
-    finish_one(
-        &store,
-        "policy-v1",
-        -100.0,
-        false,
-        Some("DROP TABLE singer"),
-    )
-    .await;
-    finish_one(
-        &store,
-        "policy-v1",
-        -100.0,
-        false,
-        Some("DROP TABLE singer"),
-    )
-    .await;
-    finish_one(
-        &store,
-        "policy-v1",
-        -50.0,
-        false,
-        Some("DELETE FROM singer"),
-    )
-    .await;
+    for (reward, sql) in [
+        (-100.0, "DROP TABLE singer"),
+        (-100.0, "DROP TABLE singer"),
+        (-50.0, "DELETE FROM singer"),
+    ] {
+        finish_one(&store, "policy-v1", reward, false, Some(sql)).await;
+    }
     finish_one(&store, "policy-v1", 1.0, true, None).await;
     // Without --audit-db: the page says how to give one; the entries page is a 404.
     let (app, _stop) = app_with(store.clone(), &ServerConfig::default());
