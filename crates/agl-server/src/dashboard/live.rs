@@ -22,10 +22,12 @@ use super::tally::Follower;
 
 /// Time between two polls of the store.
 pub(crate) const EVERY: Duration = Duration::from_secs(1);
+/// Rollouts one poll counts at most (catching up a full store, a page sees progress about
+/// every second or two).
+const BUDGET: u64 = 2_000;
 
 /// The loop's state and its change counter.
 pub(crate) struct Live {
-    store: Arc<dyn LightningStore>,
     pub(crate) follower: Arc<Follower>,
     changes: watch::Sender<u64>,
     started: AtomicBool,
@@ -46,8 +48,7 @@ impl Live {
         shutting_down: watch::Receiver<bool>,
     ) -> Live {
         Live {
-            follower: Arc::new(Follower::new(store.clone())),
-            store,
+            follower: Arc::new(Follower::new(store)),
             changes: watch::channel(0).0,
             started: AtomicBool::new(false),
             shutting_down,
@@ -69,20 +70,24 @@ impl Live {
             if *stop.borrow() {
                 return;
             }
-            let counted = match self.follower.poll().await {
-                Ok(n) => n,
+            let (counted, more, stats) = match self.follower.poll(BUDGET).await {
+                Ok(p) => (p.counted, p.more, Some(fingerprint(&p.stats))),
                 Err(e) => {
                     self.follower.failed(&e);
-                    0
+                    (0, false, None)
                 }
             };
-            let stats = self.store.statistics().await.ok().map(|s| fingerprint(&s));
             let moved = stats.is_some() && stats != last;
             if stats.is_some() {
                 last = stats;
             }
             if counted > 0 || moved {
                 self.changes.send_modify(|n| *n += 1);
+            }
+            if more {
+                // Catching up: go on at once (the pages were told of the progress).
+                tokio::task::yield_now().await;
+                continue;
             }
             tokio::select! {
                 () = tokio::time::sleep(EVERY) => {}

@@ -27,7 +27,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use agl_core::{AttributeValue, Rollout, RolloutStatus, Span, get_reward_value};
-use agl_store::{LightningStore, RolloutQuery, Sort, SpanQuery, StoreError, Window};
+use agl_store::{
+    LightningStore, RolloutQuery, Sort, SpanQuery, StoreError, StoreStatistics, Window,
+};
 
 /// Seconds of end times re-read on every poll (see the module docs).
 pub(crate) const SLACK: f64 = 2.0;
@@ -279,10 +281,21 @@ impl Tally {
 pub(crate) struct Progress {
     /// Finished rollouts in the store at the last poll.
     pub(crate) finished_in_store: u64,
-    /// Whether the last poll read everything that had finished.
+    /// Whether the last poll read everything that had finished when it started.
     pub(crate) caught_up: bool,
     /// The last poll's error, if it failed.
     pub(crate) error: Option<String>,
+}
+
+/// What one [`Follower::poll`] did.
+#[derive(Debug)]
+pub(crate) struct Polled {
+    /// Rollouts counted.
+    pub(crate) counted: u64,
+    /// Whether it stopped at its budget with more to read.
+    pub(crate) more: bool,
+    /// The store's statistics, read when the poll started.
+    pub(crate) stats: StoreStatistics,
 }
 
 /// The follower's state: what it counted and where it is.
@@ -329,15 +342,22 @@ impl Follower {
         }
     }
 
-    /// Reads what finished since the last poll; returns how many rollouts were counted.
+    /// Reads what finished since the last poll, at most `budget` rollouts (a store read for
+    /// the first time is caught up over several polls, so the pages see progress).
     ///
     /// # Errors
     /// The store's, as is (the tally keeps what was counted before the failing query).
-    pub(crate) async fn poll(&self) -> Result<u64, StoreError> {
+    pub(crate) async fn poll(&self, budget: u64) -> Result<Polled, StoreError> {
+        let stats = self.store.statistics().await?;
+        let finished = FINISHED
+            .iter()
+            .map(|s| stats.rollouts_by_status.get(s).copied().unwrap_or(0))
+            .sum::<u64>();
+        self.with_state(|s| s.progress.finished_in_store = finished);
         let mut from = self.with_state(|s| s.watermark.map(|w| w - SLACK));
         let mut offset = 0;
         let mut counted = 0;
-        loop {
+        let more = loop {
             let page = self
                 .store
                 .query_rollouts(RolloutQuery {
@@ -378,7 +398,10 @@ impl Follower {
             counted += new_here;
             let full = page.items.len() as u64 == BATCH;
             if !full {
-                break;
+                break false;
+            }
+            if counted >= budget {
+                break true;
             }
             // Move the lower bound up to the page's last end time; when a whole full page
             // was counted before (more than a page of rollouts with one end time), page on.
@@ -392,24 +415,22 @@ impl Follower {
                 from = last;
                 offset = 0;
             }
-        }
-        let finished = self.store.statistics().await.map(|st| {
-            FINISHED
-                .iter()
-                .map(|s| st.rollouts_by_status.get(s).copied().unwrap_or(0))
-                .sum::<u64>()
-        })?;
+        };
         self.with_state(|s| {
             if let Some(w) = s.watermark {
                 s.recent.retain(|_, end| *end >= w - SLACK);
             }
             s.progress = Progress {
-                finished_in_store: finished,
-                caught_up: s.tally.rollouts >= finished,
+                finished_in_store: finished.max(s.tally.rollouts),
+                caught_up: !more,
                 error: None,
             };
         });
-        Ok(counted)
+        Ok(Polled {
+            counted,
+            more,
+            stats,
+        })
     }
 
     /// Keeps a failed poll's error for the pages (the next poll clears it).
@@ -565,5 +586,48 @@ mod tests {
         assert!(t.blocked_pruned);
         assert_eq!(t.top_blocked(1), vec![("frequent".to_string(), 10)]);
         assert_eq!(t.blocked_total, 10 + MAX_ACTIONS as u64 + 1);
+    }
+
+    #[tokio::test]
+    async fn polls_count_each_finished_rollout_once_within_their_budget() {
+        use agl_core::{AttemptStatus, EnqueueRolloutRequest};
+        use agl_store::{AttemptUpdate, InMemoryLightningStore};
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let follower = Follower::new(store.clone());
+        let finish = |n: usize| {
+            let store = store.clone();
+            async move {
+                for _ in 0..n {
+                    let r = EnqueueRolloutRequest::new(serde_json::json!({}));
+                    let s = store.start_rollout(r, None).await.unwrap();
+                    let update = AttemptUpdate {
+                        status: Some(AttemptStatus::Succeeded),
+                        ..AttemptUpdate::default()
+                    };
+                    store
+                        .update_attempt(&s.rollout.rollout_id, &s.attempt.attempt_id, update)
+                        .await
+                        .unwrap();
+                }
+            }
+        };
+        finish(600).await;
+        // A rollout that has not finished is not counted.
+        let r = EnqueueRolloutRequest::new(serde_json::json!({}));
+        store.start_rollout(r, None).await.unwrap();
+        let first = follower.poll(300).await.unwrap();
+        assert!(first.more && first.counted >= 300 && first.counted < 600);
+        assert!(!follower.snapshot().1.caught_up);
+        let second = follower.poll(300).await.unwrap();
+        assert!(!second.more);
+        assert_eq!(first.counted + second.counted, 600);
+        let (tally, progress) = follower.snapshot();
+        assert_eq!(tally.rollouts, 600);
+        assert!(progress.caught_up);
+        assert_eq!(progress.finished_in_store, 600);
+        assert_eq!(follower.poll(300).await.unwrap().counted, 0);
+        finish(3).await;
+        assert_eq!(follower.poll(300).await.unwrap().counted, 3);
+        assert_eq!(follower.snapshot().0.rollouts, 603);
     }
 }
