@@ -108,6 +108,11 @@ pub struct ServeArgs {
     /// entries. Opened read-only.
     #[arg(long, value_name = "FILE.db")]
     audit_db: Option<PathBuf>,
+    /// Serve the --db store read-only, e.g. to browse a finished run on the dashboard: requests
+    /// that would change it get 403 `read_only`, and the watchdog is off (no rollout is timed
+    /// out or requeued by reading).
+    #[arg(long, requires = "db", conflicts_with_all = ["llm", "llm_upstream"])]
+    read_only: bool,
     /// The HMAC key file of a keyed --audit-db chain (default: $AGL_AUDIT_KEY_FILE).
     #[arg(long, value_name = "FILE", requires = "audit_db")]
     audit_key_file: Option<PathBuf>,
@@ -172,6 +177,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         cors_origins: args.cors_origins.clone(),
         max_wait_seconds: args.max_wait,
         audit_db: args.audit_db.clone(),
+        read_only: args.read_only,
         // The key file: the flag, else $AGL_AUDIT_KEY_FILE when a database is shown.
         audit_key_file: args.audit_key_file.clone().or_else(|| {
             args.audit_db.as_ref()?;
@@ -214,9 +220,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let store: Arc<dyn LightningStore> = match &args.db {
             Some(path) => {
-                let options = SqliteOptions {
-                    scan_debounce_seconds: args.scan_debounce,
-                    ..SqliteOptions::default()
+                let options = if args.read_only {
+                    // The watchdog would time out and requeue rollouts: off, as for inspect.
+                    SqliteOptions {
+                        scan_debounce_seconds: f64::INFINITY,
+                        sweep_interval: None,
+                        ..SqliteOptions::default()
+                    }
+                } else {
+                    SqliteOptions {
+                        scan_debounce_seconds: args.scan_debounce,
+                        ..SqliteOptions::default()
+                    }
                 };
                 Arc::new(
                     SqliteLightningStore::open_with(path, options)
@@ -227,10 +242,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 args.scan_debounce,
             )),
         };
-        let backend = args
-            .db
-            .as_ref()
-            .map_or("memory".to_string(), |p| format!("SQLite {}", p.display()));
+        let backend = args.db.as_ref().map_or("memory".to_string(), |p| {
+            let mode = if args.read_only { ", read-only" } else { "" };
+            format!("SQLite {}{mode}", p.display())
+        });
         agl_server::server::serve_until_signal(store, config, gateway, |addr| {
             use std::io::Write;
             // Whoever started us may read the first line and close the pipe: a failed write

@@ -2,7 +2,8 @@
 //! and the error type of the server, the client and the OTLP decoder.
 //!
 //! Responsible for mapping every failure to a status, a machine-readable `code`, a `type`
-//! (`invalid_request`, `not_found`, `unauthorized`, `internal`, `unavailable`) and a message a
+//! (`invalid_request`, `not_found`, `unauthorized`, `forbidden`, `internal`, `unavailable`) and
+//! a message a
 //! person can act on, and for turning such a body back into a [`StoreError`] on the client
 //! side. Not responsible for deciding *when* a request is invalid (the handlers and
 //! [`crate::wire`] do that).
@@ -59,6 +60,9 @@ pub enum ErrorCode {
     UnsupportedMediaType,
     /// 400: the OTLP body could not be decompressed or decoded.
     InvalidOtlp,
+    /// 403: the server serves its store read-only (`agl store --read-only`) and this request
+    /// would change it.
+    ReadOnly,
     /// 503: the store is closed (the server is shutting down).
     StoreClosed,
     /// 500: the backend failed (I/O, database); the request may be retried.
@@ -79,6 +83,7 @@ impl ErrorCode {
             | ErrorCode::RouteNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::ReadOnly => StatusCode::FORBIDDEN,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::StoreClosed => StatusCode::SERVICE_UNAVAILABLE,
@@ -95,6 +100,7 @@ impl ErrorCode {
             | ErrorCode::WorkerNotFound
             | ErrorCode::RouteNotFound => "not_found",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::ReadOnly => "forbidden",
             ErrorCode::StoreClosed => "unavailable",
             ErrorCode::Internal => "internal",
             _ => "invalid_request",

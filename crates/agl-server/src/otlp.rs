@@ -713,6 +713,7 @@ fn rpc_code(code: ErrorCode) -> i32 {
         | ErrorCode::RouteNotFound => 5, // NOT_FOUND
         ErrorCode::PayloadTooLarge => 8,   // RESOURCE_EXHAUSTED
         ErrorCode::InvalidTransition => 9, // FAILED_PRECONDITION
+        ErrorCode::ReadOnly => 7,          // PERMISSION_DENIED
         ErrorCode::MethodNotAllowed => 12, // UNIMPLEMENTED
         ErrorCode::Internal => 13,         // INTERNAL
         ErrorCode::StoreClosed => 14,      // UNAVAILABLE

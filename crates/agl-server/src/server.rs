@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub audit_db: Option<std::path::PathBuf>,
     /// The HMAC key file of a keyed `audit_db` chain.
     pub audit_key_file: Option<std::path::PathBuf>,
+    /// Serve the store read-only (`agl store --read-only`): every request that would change it
+    /// gets 403 `read_only`; reads, searches, waits and the dashboard work as usual.
+    pub read_only: bool,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +79,7 @@ impl Default for ServerConfig {
             max_wait_seconds: 25.0,
             audit_db: None,
             audit_key_file: None,
+            read_only: false,
         }
     }
 }
@@ -129,6 +133,36 @@ fn token_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
         .filter_map(|c| c.trim().split_once('='))
         .find(|(name, _)| *name == crate::dashboard::TOKEN_COOKIE)
         .map(|(_, value)| value)
+}
+
+/// `POST` routes that only read (searches and waits), allowed on a read-only store.
+const READING_POSTS: [&str; 5] = [
+    "/v1/agl/rollouts/search",
+    "/v1/agl/workers/search",
+    "/v1/agl/spans/search",
+    "/v1/agl/waits/rollouts",
+    "/dashboard/login",
+];
+
+/// Refuses every request that could change a read-only store.
+async fn refuse_writes(req: Request, next: Next) -> Response {
+    let m = req.method();
+    if m == Method::GET
+        || m == Method::HEAD
+        || m == Method::OPTIONS
+        || (m == Method::POST && READING_POSTS.contains(&req.uri().path()))
+    {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        ErrorCode::ReadOnly,
+        format!(
+            "this store is served read-only (agl store --read-only): {} {} would change it",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+    .into_response()
 }
 
 async fn require_token(State(token): State<Arc<str>>, req: Request, next: Next) -> Response {
@@ -230,6 +264,9 @@ pub fn build_app_with_gateway(
         app = app.merge(g);
     }
     let mut app = app.layer(DefaultBodyLimit::max(config.body_limit_bytes));
+    if config.read_only {
+        app = app.layer(axum::middleware::from_fn(refuse_writes));
+    }
     if let Some(token) = &config.auth_token {
         let token: Arc<str> = Arc::from(token.trim());
         app = app.layer(axum::middleware::from_fn_with_state(token, require_token));

@@ -344,3 +344,48 @@ async fn events_tell_a_page_the_store_changed_and_end_at_shutdown() {
         "{js}"
     );
 }
+
+#[tokio::test]
+async fn a_read_only_store_serves_pages_and_searches_and_refuses_writes() {
+    let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+    finish_one(&store, "policy-v1", 1.0, true, None).await;
+    let config = ServerConfig {
+        read_only: true,
+        ..ServerConfig::default()
+    };
+    let (app, _stop) = app_with(store.clone(), &config);
+    for page in ["/", "/training", "/governance", "/resources", "/runners"] {
+        assert_eq!(get(&app, page).await.0, StatusCode::OK, "{page}");
+    }
+    let send = |method: &str, uri: &str, body: &str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let search = app
+        .clone()
+        .oneshot(send("POST", "/v1/agl/rollouts/search", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(search.status(), StatusCode::OK);
+    for (method, uri, body) in [
+        ("POST", "/v1/agl/queues/rollouts/enqueue", r#"{"input": 1}"#),
+        ("POST", "/v1/agl/queues/rollouts/dequeue", "{}"),
+        ("POST", "/v1/agl/resources", "{}"),
+        ("POST", "/v1/traces", "{}"),
+        ("DELETE", "/v1/agl/rollouts", ""),
+    ] {
+        let response = app.clone().oneshot(send(method, uri, body)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{method} {uri}");
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(error["code"], "read_only", "{method} {uri}");
+        assert!(error["detail"].as_str().unwrap().contains(uri), "{error}");
+    }
+    assert_eq!(store.statistics().await.unwrap().total_rollouts, 1);
+}
