@@ -178,6 +178,58 @@ async fn main() -> Res<()> {
             page(None, None, None, "rollout_id", desc, 50_000),
         ),
         (
+            "/?order=asc&offset=90000",
+            page(None, None, None, "start_time", SortOrder::Asc, 90_000),
+        ),
+        (
+            "/?status=succeeded&sort=end_time",
+            page(
+                Some(RolloutStatus::Succeeded),
+                None,
+                None,
+                "end_time",
+                desc,
+                0,
+            ),
+        ),
+        (
+            "/?status=succeeded&sort=end_time&offset=80000",
+            page(
+                Some(RolloutStatus::Succeeded),
+                None,
+                None,
+                "end_time",
+                desc,
+                80_000,
+            ),
+        ),
+        (
+            "/?status=running&sort=end_time",
+            page(
+                Some(RolloutStatus::Running),
+                None,
+                None,
+                "end_time",
+                desc,
+                0,
+            ),
+        ),
+        (
+            "/?mode=train&sort=rollout_id&order=asc",
+            page(
+                None,
+                Some(RolloutMode::Train),
+                None,
+                "rollout_id",
+                SortOrder::Asc,
+                0,
+            ),
+        ),
+        (
+            "/?mode=val&sort=status",
+            page(None, Some(RolloutMode::Val), None, "status", desc, 0),
+        ),
+        (
             "/?status=failed&mode=val&offset=1000",
             page(
                 Some(RolloutStatus::Failed),
