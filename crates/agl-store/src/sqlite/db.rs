@@ -206,6 +206,17 @@ impl Ctx {
             && before.resources_id == after.resources_id
             && before.config == after.config
             && before.metadata == after.metadata;
+        if only_status && before.end_time == after.end_time {
+            // `end_time` is not assigned, so its index is left alone (most status changes).
+            const SQL: &str = "UPDATE rollouts SET status = ?2, watched = ?3, \
+                               attempt_count = coalesce(?4, attempt_count) WHERE seq = ?1";
+            self.conn
+                .prepare_cached(SQL)
+                .at("update rollout")?
+                .execute(params![seq, after.status.as_str(), watched, attempts])
+                .at("update rollout")?;
+            return Ok(());
+        }
         if only_status {
             const SQL: &str = "UPDATE rollouts SET status = ?2, end_time = ?3, watched = ?4, \
                                attempt_count = coalesce(?5, attempt_count) WHERE seq = ?1";
