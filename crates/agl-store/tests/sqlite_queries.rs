@@ -124,11 +124,56 @@ async fn populated(store: &SqliteLightningStore) -> Vec<String> {
     ids
 }
 
-/// The conditions to combine with every sort and window.
-fn conditions(ids: &[String]) -> Vec<(&'static str, RolloutQuery)> {
+/// The conditions to combine with every sort and window (`all`: every rollout).
+fn conditions(ids: &[String], all: &[AnyRollout]) -> Vec<(&'static str, RolloutQuery)> {
     let hex = ids[7].trim_start_matches("ro-")[..2].to_string();
+    let mut ends: Vec<f64> = all.iter().filter_map(|r| r.rollout().end_time).collect();
+    ends.sort_by(f64::total_cmp);
+    let mid_end = ends[ends.len() / 2];
+    let mut starts: Vec<f64> = all.iter().map(|r| r.rollout().start_time).collect();
+    starts.sort_by(f64::total_cmp);
+    starts.dedup();
+    assert!(starts.len() >= 4, "several start times: {starts:?}");
     let q = RolloutQuery::default;
     vec![
+        (
+            "finished since (the dashboard's tally)",
+            RolloutQuery {
+                status_in: Some(vec![
+                    RolloutStatus::Succeeded,
+                    RolloutStatus::Failed,
+                    RolloutStatus::Cancelled,
+                ]),
+                end_time_gte: Some(mid_end),
+                ..q()
+            },
+        ),
+        (
+            "ended before",
+            RolloutQuery {
+                end_time_lt: Some(mid_end),
+                ..q()
+            },
+        ),
+        (
+            "ended in a range or started early",
+            RolloutQuery {
+                end_time_gte: Some(ends[1]),
+                end_time_lt: Some(mid_end),
+                start_time_lt: Some(starts[1]),
+                filter_logic: FilterLogic::Or,
+                ..q()
+            },
+        ),
+        (
+            "started in a range",
+            RolloutQuery {
+                start_time_gte: Some(starts[1]),
+                start_time_lt: Some(starts[starts.len() - 1]),
+                mode_in: Some(vec![RolloutMode::Train]),
+                ..q()
+            },
+        ),
         ("none", q()),
         (
             "status",
@@ -304,7 +349,9 @@ async fn pages_equal_the_query_definition() {
     let statuses: std::collections::BTreeSet<_> = all.iter().map(|r| r.rollout().status).collect();
     assert!(statuses.len() >= 6, "many statuses: {statuses:?}");
     let mut checked = 0;
-    for (what, conditions) in conditions(&ids) {
+    let conditions = conditions(&ids, &all);
+    let cases = conditions.len();
+    for (what, conditions) in conditions {
         let matches: Vec<AnyRollout> = all
             .iter()
             .filter(|r| conditions.matches(r.rollout()))
@@ -335,7 +382,7 @@ async fn pages_equal_the_query_definition() {
             }
         }
     }
-    assert_eq!(checked, 15 * 16 * 7);
+    assert_eq!(checked, cases * 16 * 7);
     // The statistics agree with the rows.
     let stats = store.statistics().await.unwrap();
     for status in RolloutStatus::ALL {

@@ -12,11 +12,13 @@
 //! * **Conditions** map one to one: `status_in`/`mode_in` → `=` or `IN` (an empty list matches
 //!   nothing; a `NULL` mode never matches), `rollout_id_in` → `IN` over a JSON array,
 //!   `rollout_id_contains` → `instr` (a case-sensitive substring test, as `str::contains`),
-//!   time bounds → comparisons (a `NULL` `end_time` never matches), joined by `AND` or `OR` as
-//!   `filter_logic` says.
+//!   time bounds → comparisons (a `NULL` `end_time` never matches; an `end_time` bound also
+//!   states `(end_time IS NULL) = 0` so that it is a range of `rollouts_by_end`), joined by
+//!   `AND` or `OR` as `filter_logic` says.
 //! * **Orders** (§5.4): the key in the requested direction, then `seq` ascending (a stable sort
 //!   keeps ties in creation order both ways); `end_time` sorts `NULL` as +∞ (`end_time IS NULL`
-//!   leads the key), `resources_id` sorts `NULL` as `""`; no `sort_by` is creation order,
+//!   leads the key, unless an `end_time` bound must hold), `resources_id` sorts `NULL` as `""`;
+//!   no `sort_by` is creation order,
 //!   reversed for `desc`. Indexes deliver creation order, `start_time`, `end_time`,
 //!   `rollout_id` and `status` ascending (schema version 2). `status` descending (ties still in
 //!   creation order) is read status by status ([`Page::ByStatusDesc`]).
@@ -142,9 +144,10 @@ fn bound(params: &mut Vec<SqlValue>, value: SqlValue) -> String {
 }
 
 /// The `ORDER BY` of a sort and whether an index delivers it, or `None` for the fields left
-/// to [`crate::query::finish`]. The field is known to be one of the rollout's fields
+/// to [`crate::query::finish`]; `ended` when every match has an `end_time` (an `end_time`
+/// bound that must hold). The field is known to be one of the rollout's fields
 /// ([`crate::query::validate_sort`]).
-fn order_by(field: Option<&str>, order: SortOrder) -> Option<(String, bool)> {
+fn order_by(field: Option<&str>, order: SortOrder, ended: bool) -> Option<(String, bool)> {
     let dir = match order {
         SortOrder::Asc => "ASC",
         SortOrder::Desc => "DESC",
@@ -154,6 +157,9 @@ fn order_by(field: Option<&str>, order: SortOrder) -> Option<(String, bool)> {
         // Unique: no ties.
         Some("rollout_id") => (format!("rollout_id {dir}"), true),
         Some("start_time") => (format!("start_time {dir}, seq ASC"), true),
+        // Every match has an `end_time`: without the constant first term SQLite sees that
+        // `rollouts_by_end` (walked within `end_time IS NULL = 0`) gives the order.
+        Some("end_time") if ended => (format!("end_time {dir}, seq ASC"), true),
         Some("end_time") => (
             format!("end_time IS NULL {dir}, end_time {dir}, seq ASC"),
             true,
@@ -204,7 +210,21 @@ fn filter(joined: String) -> String {
 /// `config`, `metadata`). The caller has validated the sort field.
 pub(crate) fn plan(q: &RolloutQuery) -> Option<RolloutSql> {
     let field = q.sort.by.as_deref();
-    let (order, indexed_order) = order_by(field, q.sort.order)?;
+    let bounds = [q.end_time_gte, q.end_time_lt].iter().flatten().count();
+    let given = [
+        q.status_in.is_some(),
+        q.rollout_id_in.is_some(),
+        q.rollout_id_contains.is_some(),
+        q.mode_in.is_some(),
+        q.start_time_gte.is_some(),
+        q.start_time_lt.is_some(),
+    ]
+    .iter()
+    .filter(|g| **g)
+    .count()
+        + bounds;
+    let ended = bounds > 0 && (q.filter_logic == FilterLogic::And || given == 1);
+    let (order, indexed_order) = order_by(field, q.sort.order, ended)?;
     let mut params = Vec::new();
     let mut conditions: Vec<Condition> = Vec::new();
     if let Some(statuses) = &q.status_in {
@@ -226,11 +246,13 @@ pub(crate) fn plan(q: &RolloutQuery) -> Option<RolloutSql> {
         let values = modes.iter().map(|m| m.as_str()).collect();
         conditions.push(within("mode", values, &mut params));
     }
+    // An `end_time` bound also says `end_time IS NULL = 0` (true of any row it holds for),
+    // which lets SQLite read the range from `rollouts_by_end`, whose first term that is.
     for (column, op, value) in [
         ("start_time", ">=", q.start_time_gte),
         ("start_time", "<", q.start_time_lt),
-        ("end_time", ">=", q.end_time_gte),
-        ("end_time", "<", q.end_time_lt),
+        ("(end_time IS NULL) = 0 AND end_time", ">=", q.end_time_gte),
+        ("(end_time IS NULL) = 0 AND end_time", "<", q.end_time_lt),
     ] {
         if let Some(v) = value {
             let mark = bound(&mut params, SqlValue::Real(v));
@@ -399,13 +421,44 @@ mod tests {
         assert_eq!(
             sql.count,
             "SELECT count(*) FROM rollouts WHERE (0) OR (instr(rollout_id, ?1) > 0) \
-             OR (end_time < ?2)"
+             OR ((end_time IS NULL) = 0 AND end_time < ?2)"
         );
         assert!(
             one(&sql).ends_with(
                 "ORDER BY end_time IS NULL ASC, end_time ASC, seq ASC LIMIT ?3 OFFSET ?4"
             ),
             "{sql:?}"
+        );
+    }
+
+    #[test]
+    fn an_end_time_bound_is_a_range_of_the_end_time_index() {
+        // The dashboard's tally: rollouts finished since a time, oldest end first.
+        let q = RolloutQuery {
+            status_in: Some(vec![
+                RolloutStatus::Succeeded,
+                RolloutStatus::Failed,
+                RolloutStatus::Cancelled,
+            ]),
+            end_time_gte: Some(7.5),
+            sort: Sort::asc("end_time"),
+            ..RolloutQuery::default()
+        };
+        let sql = plan(&q).unwrap();
+        assert_eq!(
+            sql.count,
+            "SELECT count(*) FROM rollouts WHERE (status IN (?1, ?2, ?3)) \
+             AND ((end_time IS NULL) = 0 AND end_time >= ?4)"
+        );
+        let Page::Choose { walk, .. } = &sql.page else {
+            panic!("{sql:?}")
+        };
+        assert!(
+            walk.ends_with(
+                "AND ((end_time IS NULL) = 0 AND end_time >= ?4) \
+                 ORDER BY end_time ASC, seq ASC LIMIT ?5 OFFSET ?6"
+            ),
+            "{walk}"
         );
     }
 
