@@ -7,7 +7,8 @@
 //! For each page of `agl store`'s dashboard (`/` with its filters, sorts and offsets,
 //! `/runners`, `/rollouts/{id}`) it issues the same `LightningStore` calls with the same
 //! arguments as `crates/agl-server/src/dashboard/mod.rs` (50 rows a page, newest first by
-//! default), once to warm the cache and then `--runs` times, and prints the median, the
+//! default), and the query of the dashboard's background tally (finished rollouts by end
+//! time, 256 at a time), once to warm the cache and then `--runs` times, and prints the median, the
 //! fastest and the slowest time with what the page got (`total`, rows, first and last id, so
 //! two builds can be checked to return the same pages). The store is opened without the
 //! watchdog (no background sweeper, no lazy scan), so timing writes nothing but what opening
@@ -257,6 +258,48 @@ async fn main() -> Res<()> {
     for (name, query) in &pages {
         let (samples, what) = time(runs, || async {
             let p = store.query_rollouts(query.clone()).await?;
+            Ok(describe(&p.items, p.total))
+        })
+        .await?;
+        print(name, &samples, &what);
+    }
+    // The dashboard's tally (`agl-server`'s `dashboard/tally.rs`) polls for rollouts finished
+    // since its watermark, 256 at a time, oldest end first: caught up (the watermark 2 s before
+    // the newest end) and catching up (from the start).
+    let newest = store
+        .query_rollouts(page(
+            Some(RolloutStatus::Succeeded),
+            None,
+            None,
+            "end_time",
+            desc,
+            0,
+        ))
+        .await?
+        .items
+        .iter()
+        .find_map(|r| r.rollout().end_time)
+        .unwrap_or(0.0);
+    for (name, from) in [
+        ("tally poll, caught up", Some(newest - 2.0)),
+        ("tally poll, catching up", None),
+    ] {
+        let q = RolloutQuery {
+            status_in: Some(vec![
+                RolloutStatus::Succeeded,
+                RolloutStatus::Failed,
+                RolloutStatus::Cancelled,
+            ]),
+            end_time_gte: from,
+            sort: Sort::asc("end_time"),
+            window: Window {
+                limit: Some(256),
+                offset: 0,
+            },
+            ..RolloutQuery::default()
+        };
+        let (samples, what) = time(runs, || async {
+            let p = store.query_rollouts(q.clone()).await?;
             Ok(describe(&p.items, p.total))
         })
         .await?;
