@@ -121,6 +121,12 @@ pub struct SqliteOptions {
     /// `synchronous=FULL` (fsync on every commit: survives power loss) instead of the default
     /// `synchronous=NORMAL` (survives process crashes).
     pub synchronous_full: bool,
+    /// Bring an agl store of an older schema version up to [`SCHEMA_VERSION`] at open (the
+    /// default). `false` opens it as it is, for looking at a store without changing it (e.g.
+    /// serving it read-only): every operation works on an older schema, queries only lack the
+    /// indexes later versions added (on a version 1 store SQLite sorts the matches of a page
+    /// instead of walking an index). A new file still gets the current schema.
+    pub upgrade_schema: bool,
 }
 
 impl Default for SqliteOptions {
@@ -129,6 +135,7 @@ impl Default for SqliteOptions {
             scan_debounce_seconds: lifecycle::DEFAULT_SCAN_DEBOUNCE_SECONDS,
             sweep_interval: Some(sweeper::DEFAULT_SWEEP_INTERVAL),
             synchronous_full: false,
+            upgrade_schema: true,
         }
     }
 }
@@ -212,7 +219,8 @@ impl SqliteLightningStore {
     /// Opens the store at `path` with `options` (see [`SqliteLightningStore::open`]).
     pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        let (conn, schema_version) = schema::open(&path, options.synchronous_full)?;
+        let (conn, schema_version) =
+            schema::open(&path, options.synchronous_full, options.upgrade_schema)?;
         let ctx = Ctx::new(conn, path.clone(), options.scan_debounce_seconds);
         let (sender, receiver) = mpsc::channel();
         let (finished_tx, finished_rx) = watch::channel(0u64);
@@ -249,7 +257,8 @@ impl SqliteLightningStore {
         &self.path
     }
 
-    /// The schema version of the open database (always [`SCHEMA_VERSION`] after open).
+    /// The schema version of the open database ([`SCHEMA_VERSION`] after open, unless
+    /// [`SqliteOptions::upgrade_schema`] was `false`).
     pub fn schema_version(&self) -> u32 {
         self.schema_version
     }

@@ -260,6 +260,7 @@ const DOWNGRADE_TO_V1: &str = "
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_1_store_is_migrated_and_answers_as_before() {
+    // Also opened without the upgrade (`upgrade_schema: false`), which leaves it at version 1.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.db");
     let store = SqliteLightningStore::open_with(&path, options()).unwrap();
@@ -310,6 +311,31 @@ async fn version_1_store_is_migrated_and_answers_as_before() {
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(DOWNGRADE_TO_V1).unwrap();
     }
+
+    // Opened as it is, it stays a version 1 store and answers the same.
+    let as_is = SqliteLightningStore::open_with(
+        &path,
+        SqliteOptions {
+            upgrade_schema: false,
+            ..options()
+        },
+    )
+    .unwrap();
+    assert_eq!(as_is.schema_version(), 1);
+    for (q, page) in pages.iter().zip(&before) {
+        assert_eq!(
+            &as_is.query_rollouts(q.clone()).await.unwrap(),
+            page,
+            "{q:?}"
+        );
+    }
+    as_is.close().await.unwrap();
+    drop(as_is);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 1, "not upgraded");
 
     let store = SqliteLightningStore::open_with(&path, options()).unwrap();
     assert_eq!(store.schema_version(), agl_store::sqlite::SCHEMA_VERSION);
@@ -575,6 +601,7 @@ async fn background_sweeper_times_out_without_requests() {
             scan_debounce_seconds: 3600.0,
             sweep_interval: Some(Duration::from_millis(50)),
             synchronous_full: true,
+            upgrade_schema: true,
         },
     )
     .unwrap();

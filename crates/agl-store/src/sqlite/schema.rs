@@ -230,9 +230,10 @@ fn configure(conn: &Connection, path: &Path, synchronous_full: bool) -> Result<(
 }
 
 /// Applies the missing migrations inside one `BEGIN IMMEDIATE` transaction, re-reading the
-/// version under the write lock (another process may have migrated meanwhile). Returns the
-/// version the database has afterwards.
-fn migrate(conn: &Connection, path: &Path) -> Result<u32, StoreError> {
+/// version under the write lock (another process may have migrated meanwhile). Without
+/// `upgrade` an agl store of an older version is left as it is (a new file still gets every
+/// migration). Returns the version the database has afterwards.
+fn migrate(conn: &Connection, path: &Path, upgrade: bool) -> Result<u32, StoreError> {
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(at(path, "BEGIN IMMEDIATE for the schema migration"))?;
     let result = (|| {
@@ -242,6 +243,8 @@ fn migrate(conn: &Connection, path: &Path) -> Result<u32, StoreError> {
         if from == 0 {
             conn.execute_batch(&format!("PRAGMA application_id = {APPLICATION_ID}"))
                 .map_err(at(path, "PRAGMA application_id"))?;
+        } else if !upgrade {
+            return Ok(from);
         }
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(from as usize) {
             let to = i + 1;
@@ -266,8 +269,13 @@ fn migrate(conn: &Connection, path: &Path) -> Result<u32, StoreError> {
 }
 
 /// Opens (creating when missing) the store at `path`: checks the file, sets the `PRAGMA`s and
-/// migrates the schema. Returns the connection and the schema version.
-pub fn open(path: &Path, synchronous_full: bool) -> Result<(Connection, u32), StoreError> {
+/// migrates the schema (an older store only with `upgrade`). Returns the connection and the
+/// schema version.
+pub fn open(
+    path: &Path,
+    synchronous_full: bool,
+    upgrade: bool,
+) -> Result<(Connection, u32), StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -283,7 +291,7 @@ pub fn open(path: &Path, synchronous_full: bool) -> Result<(Connection, u32), St
     })?;
     check_header(path, header)?;
     configure(&conn, path, synchronous_full)?;
-    let version = migrate(&conn, path)?;
+    let version = migrate(&conn, path, upgrade)?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok((conn, version))
 }
@@ -330,7 +338,7 @@ mod tests {
     fn fresh_file_gets_every_migration_and_the_agl_id() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
-        let (conn, version) = open(&path, false).unwrap();
+        let (conn, version) = open(&path, false, true).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
         let h = header(&conn);
         assert_eq!(h.application_id, APPLICATION_ID);
@@ -345,7 +353,7 @@ mod tests {
         assert_eq!(fk, 1);
         drop(conn);
         // Reopening an up-to-date store migrates nothing and keeps the version.
-        let (_conn, version) = open(&path, true).unwrap();
+        let (_conn, version) = open(&path, true, true).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
     }
 
@@ -380,7 +388,7 @@ mod tests {
             conn.execute("INSERT INTO queue (rollout_seq) VALUES (3)", [])
                 .unwrap();
         }
-        let (conn, version) = open(&path, false).unwrap();
+        let (conn, version) = open(&path, false, true).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
         assert_eq!(header(&conn).user_version, i64::from(SCHEMA_VERSION));
         let ids: Vec<String> = conn
@@ -425,7 +433,7 @@ mod tests {
         assert_eq!(newest, "ro-3");
         drop(conn);
         // Reopening an up-to-date store runs no migration again.
-        let (_conn, version) = open(&path, false).unwrap();
+        let (_conn, version) = open(&path, false, true).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
     }
 
