@@ -102,6 +102,7 @@ fn child_writer() {
                 scan_debounce_seconds: 1e9,
                 sweep_interval: None,
                 synchronous_full: false,
+                upgrade_schema: true,
             },
         )
         .unwrap();
@@ -281,6 +282,7 @@ async fn check_round(db: &Path, round: usize, acks: &Acks) -> usize {
             scan_debounce_seconds: 1e9,
             sweep_interval: None,
             synchronous_full: false,
+            upgrade_schema: true,
         },
     )
     .unwrap();

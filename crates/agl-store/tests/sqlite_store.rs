@@ -249,6 +249,127 @@ async fn newer_schema_is_refused_and_left_unchanged() {
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }
 
+/// What version 2 of the schema added; dropping it turns a store back into version 1.
+const DOWNGRADE_TO_V1: &str = "
+    DROP INDEX rollouts_by_start;
+    DROP INDEX rollouts_by_end;
+    DROP INDEX rollouts_by_mode_start;
+    PRAGMA user_version = 1;
+    PRAGMA wal_checkpoint(TRUNCATE);
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_store_is_migrated_and_answers_as_before() {
+    // Also opened without the upgrade (`upgrade_schema: false`), which leaves it at version 1.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let store = SqliteLightningStore::open_with(&path, options()).unwrap();
+    let requests = (0..12)
+        .map(|i| EnqueueRolloutRequest {
+            mode: [Some(RolloutMode::Train), Some(RolloutMode::Val), None][i % 3],
+            ..EnqueueRolloutRequest::new(json!(i))
+        })
+        .collect();
+    store.enqueue_many(requests).await.unwrap();
+    for a in store
+        .dequeue_many(7, Some("w-1"))
+        .await
+        .unwrap()
+        .iter()
+        .step_by(2)
+    {
+        store
+            .update_attempt(&a.rollout.rollout_id, &a.attempt.attempt_id, succeeded())
+            .await
+            .unwrap();
+    }
+    let pages = [
+        RolloutQuery::all(),
+        RolloutQuery {
+            status_in: Some(vec![RolloutStatus::Succeeded]),
+            sort: agl_store::Sort::desc("start_time"),
+            ..RolloutQuery::default()
+        },
+        RolloutQuery {
+            mode_in: Some(vec![RolloutMode::Val]),
+            sort: agl_store::Sort::desc("end_time"),
+            window: agl_store::Window {
+                limit: Some(3),
+                offset: 1,
+            },
+            ..RolloutQuery::default()
+        },
+    ];
+    let mut before = Vec::new();
+    for q in &pages {
+        before.push(store.query_rollouts(q.clone()).await.unwrap());
+    }
+    let stats = store.statistics().await.unwrap();
+    store.close().await.unwrap();
+    drop(store);
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(DOWNGRADE_TO_V1).unwrap();
+    }
+
+    // Opened as it is, it stays a version 1 store and answers the same.
+    let as_is = SqliteLightningStore::open_with(
+        &path,
+        SqliteOptions {
+            upgrade_schema: false,
+            ..options()
+        },
+    )
+    .unwrap();
+    assert_eq!(as_is.schema_version(), 1);
+    for (q, page) in pages.iter().zip(&before) {
+        assert_eq!(
+            &as_is.query_rollouts(q.clone()).await.unwrap(),
+            page,
+            "{q:?}"
+        );
+    }
+    as_is.close().await.unwrap();
+    drop(as_is);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 1, "not upgraded");
+
+    let store = SqliteLightningStore::open_with(&path, options()).unwrap();
+    assert_eq!(store.schema_version(), agl_store::sqlite::SCHEMA_VERSION);
+    for (q, page) in pages.iter().zip(&before) {
+        assert_eq!(
+            &store.query_rollouts(q.clone()).await.unwrap(),
+            page,
+            "{q:?}"
+        );
+    }
+    let mut after = store.statistics().await.unwrap();
+    after.uptime = stats.uptime;
+    assert_eq!(after, stats);
+    // The migrated store goes on: a new rollout and a finished one.
+    store
+        .enqueue_rollout(EnqueueRolloutRequest::new(json!("new")))
+        .await
+        .unwrap();
+    let a = store.dequeue_rollout(None).await.unwrap().unwrap();
+    store
+        .update_attempt(&a.rollout.rollout_id, &a.attempt.attempt_id, succeeded())
+        .await
+        .unwrap();
+    let stats = store.statistics().await.unwrap();
+    assert_eq!(stats.total_rollouts, 13);
+    assert_eq!(stats.rollouts_by_status[&RolloutStatus::Succeeded], 5);
+    let page = store
+        .query_rollouts(RolloutQuery::with_status(&[RolloutStatus::Queuing]))
+        .await
+        .unwrap();
+    assert_eq!((page.total, page.items.len()), (5, 5));
+    store.close().await.unwrap();
+}
+
 fn wal_and_shm_absent(path: &Path) -> bool {
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
@@ -480,6 +601,7 @@ async fn background_sweeper_times_out_without_requests() {
             scan_debounce_seconds: 3600.0,
             sweep_interval: Some(Duration::from_millis(50)),
             synchronous_full: true,
+            upgrade_schema: true,
         },
     )
     .unwrap();

@@ -17,7 +17,8 @@ use agl_core::{
     AnyRollout, Attempt, AttemptedRollout, EnqueueRolloutRequest, NamedResources, ResourcesUpdate,
     Rollout, Span, Worker, new_attempt_id, new_resources_id, new_rollout_id,
 };
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use serde_json::Value;
 
 use super::rows::{
@@ -25,13 +26,23 @@ use super::rows::{
     decode_worker, is_unique_violation, opt_json, select_attempts, select_resources,
     select_rollouts, select_workers, to_json,
 };
+use super::select::{self, Page};
 use crate::error::StoreError;
 use crate::lifecycle::{self, RolloutChange, ScanDebounce};
 use crate::query::{
     self, AttemptQuery, FilterLogic, Matches, Paginated, ResourcesQuery, RolloutQuery, SortKey,
-    Sortable, SpanQuery, WorkerQuery,
+    Sortable, SpanQuery, Window, WorkerQuery,
 };
 use crate::store::{AttemptUpdate, RolloutUpdate, StoreStatistics};
+
+/// The `LIMIT` and `OFFSET` of a window, as bound after a page statement's parameters (`-1`:
+/// no limit).
+fn window(w: Window) -> [SqlValue; 2] {
+    [
+        SqlValue::Integer(w.limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))),
+        SqlValue::Integer(i64::try_from(w.offset).unwrap_or(i64::MAX)),
+    ]
+}
 
 /// Fresh ids drawn before an insert that keeps colliding is reported as a failure.
 const ID_ATTEMPTS: usize = 16;
@@ -206,6 +217,17 @@ impl Ctx {
             && before.resources_id == after.resources_id
             && before.config == after.config
             && before.metadata == after.metadata;
+        if only_status && before.end_time == after.end_time {
+            // `end_time` is not assigned, so its index is left alone (most status changes).
+            const SQL: &str = "UPDATE rollouts SET status = ?2, watched = ?3, \
+                               attempt_count = coalesce(?4, attempt_count) WHERE seq = ?1";
+            self.conn
+                .prepare_cached(SQL)
+                .at("update rollout")?
+                .execute(params![seq, after.status.as_str(), watched, attempts])
+                .at("update rollout")?;
+            return Ok(());
+        }
         if only_status {
             const SQL: &str = "UPDATE rollouts SET status = ?2, end_time = ?3, watched = ?4, \
                                attempt_count = coalesce(?5, attempt_count) WHERE seq = ?1";
@@ -727,10 +749,127 @@ impl Ctx {
         }
     }
 
-    /// `query_rollouts`: candidates pre-selected through the indexes by `rollout_id_in` or
-    /// `status_in` (AND logic only, where they must hold), then [`Matches`] and
-    /// [`query::finish`].
+    /// `query_rollouts`: the page's row ids and `total` from SQL (sibling `select` module:
+    /// an index delivers the order, the window skips index entries, `total` is counted
+    /// through the indexes), then only the page's rows are decoded, with their latest
+    /// attempts. Sorts by a JSON field go through [`Self::query_rollouts_decoded`].
     pub(crate) fn query_rollouts(
+        &self,
+        q: &RolloutQuery,
+    ) -> Result<Paginated<AnyRollout>, StoreError> {
+        query::validate_sort::<Rollout>(&q.sort)?;
+        let Some(sql) = select::plan(q) else {
+            return self.query_rollouts_decoded(q);
+        };
+        let (total, seqs) = match &sql.page {
+            Page::ByStatusDesc { groups, segment } => {
+                self.status_groups(&sql.params, groups, segment, q.window)?
+            }
+            Page::One(page) => {
+                let total = self.count_with(&sql.count, &sql.params)?;
+                (total, self.seqs(page, &sql.params, &window(q.window))?)
+            }
+            Page::Choose { sorted, walk } => {
+                let total = self.count_with(&sql.count, &sql.params)?;
+                let all = self.count(select::COUNT_ALL)?;
+                let page = if select::walk_order(total, all, q.window.offset, q.window.limit) {
+                    walk
+                } else {
+                    sorted
+                };
+                (total, self.seqs(page, &sql.params, &window(q.window))?)
+            }
+        };
+        let items = seqs
+            .into_iter()
+            .map(|seq| self.any_rollout(self.rollout_by_seq(seq)?))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Paginated {
+            items,
+            limit: q.window.wire_limit(),
+            offset: q.window.offset,
+            total,
+        })
+    }
+
+    /// The count of `sql` with `params`.
+    fn count_with(&self, sql: &str, params: &[SqlValue]) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn
+            .prepare_cached(sql)
+            .at("count rollouts")?
+            .query_row(params_from_iter(params), |row| row.get(0))
+            .at("count rollouts")?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// The row ids `sql` selects with `params` then `more`.
+    fn seqs(
+        &self,
+        sql: &str,
+        params: &[SqlValue],
+        more: &[SqlValue],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql).at("select rollouts")?;
+        stmt.query_map(params_from_iter(params.iter().chain(more)), |row| {
+            row.get(0)
+        })
+        .and_then(Iterator::collect)
+        .at("select rollouts")
+    }
+
+    /// A page sorted by `status` descending ([`Page::ByStatusDesc`]): the matches per status,
+    /// then the window read from the groups in descending status order (ties in creation
+    /// order), skipping whole groups that lie before the offset. Returns `total` and the ids.
+    fn status_groups(
+        &self,
+        params: &[SqlValue],
+        groups: &str,
+        segment: &str,
+        window: Window,
+    ) -> Result<(u64, Vec<i64>), StoreError> {
+        let mut stmt = self.conn.prepare_cached(groups).at("count rollouts")?;
+        let mut counts: Vec<(String, u64)> = stmt
+            .query_map(params_from_iter(params), |row| {
+                let n: i64 = row.get(1)?;
+                Ok((row.get(0)?, u64::try_from(n).unwrap_or(0)))
+            })
+            .and_then(Iterator::collect)
+            .at("count rollouts")?;
+        // Byte order, as SQLite's BINARY collation and `str::cmp`.
+        counts.sort_by(|a, b| b.0.cmp(&a.0));
+        let total = counts.iter().map(|(_, n)| n).sum();
+        let mut skip = window.offset;
+        let mut left = window.limit;
+        let mut seqs = Vec::new();
+        for (status, n) in counts {
+            if left == Some(0) {
+                break;
+            }
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            let more = [
+                SqlValue::Text(status),
+                SqlValue::Integer(left.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))),
+                SqlValue::Integer(i64::try_from(skip).unwrap_or(i64::MAX)),
+            ];
+            let got = self.seqs(segment, params, &more)?;
+            if let Some(l) = left.as_mut() {
+                *l = l.saturating_sub(got.len() as u64);
+            }
+            skip = 0;
+            seqs.extend(got);
+        }
+        Ok((total, seqs))
+    }
+
+    /// `query_rollouts` over decoded rows: candidates pre-selected through the indexes by
+    /// `rollout_id_in` or `status_in` (AND logic only, where they must hold), then
+    /// [`Matches`] and [`query::finish`]. Used for the sorts SQL cannot reproduce (`input`,
+    /// `config`, `metadata`); reads every candidate.
+    fn query_rollouts_decoded(
         &self,
         q: &RolloutQuery,
     ) -> Result<Paginated<AnyRollout>, StoreError> {
@@ -1284,7 +1423,7 @@ mod tests {
 
     fn ctx(dir: &tempfile::TempDir) -> Ctx {
         let path = dir.path().join("d.db");
-        let (conn, _) = super::super::schema::open(&path, false).unwrap();
+        let (conn, _) = super::super::schema::open(&path, false, true).unwrap();
         Ctx::new(conn, path, 0.0)
     }
 

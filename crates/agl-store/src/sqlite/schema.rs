@@ -126,8 +126,29 @@ CREATE TABLE meta (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 2: indexes that let a page of rollouts (`query_rollouts` with a window, the
+/// dashboard's rollouts page) be read without decoding every rollout at 100,000 rollouts and
+/// more (see the sibling `select` module for how each query uses them).
+///
+/// Ties keep creation order (`seq` ascending) in **both** directions, which the implicit
+/// `rowid` of an index gives when the index is walked forwards, so the orders the dashboard
+/// shows first (newest first) have `DESC` indexes: `start_time DESC`, and `end_time` with
+/// nulls first (a null `end_time` sorts as +∞, §5.4); ascending orders walk them backwards and
+/// sort only within groups of equal keys. `(mode, start_time DESC)` serves the mode filter.
+/// `rollout_id` and `status` (ascending) already have indexes, and a status filter walks the
+/// order's index. Few indexes on purpose: each one is written by the operations of the
+/// rollout cycle, and every index page a commit dirties is written to the WAL. `start_time`
+/// and `mode` are written when a rollout is created, `end_time` when it is created and when it
+/// finishes or restarts (status changes that keep `end_time` leave it alone); an index on
+/// `status` would be rewritten by every status change.
+const V2: &str = r#"
+CREATE INDEX rollouts_by_start ON rollouts(start_time DESC);
+CREATE INDEX rollouts_by_end ON rollouts(end_time IS NULL DESC, end_time DESC);
+CREATE INDEX rollouts_by_mode_start ON rollouts(mode, start_time DESC);
+"#;
+
 /// The migrations, in order: `MIGRATIONS[i]` brings a database from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The schema version this build writes (`PRAGMA user_version` of an up-to-date store).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -209,9 +230,10 @@ fn configure(conn: &Connection, path: &Path, synchronous_full: bool) -> Result<(
 }
 
 /// Applies the missing migrations inside one `BEGIN IMMEDIATE` transaction, re-reading the
-/// version under the write lock (another process may have migrated meanwhile). Returns the
-/// version the database has afterwards.
-fn migrate(conn: &Connection, path: &Path) -> Result<u32, StoreError> {
+/// version under the write lock (another process may have migrated meanwhile). Without
+/// `upgrade` an agl store of an older version is left as it is (a new file still gets every
+/// migration). Returns the version the database has afterwards.
+fn migrate(conn: &Connection, path: &Path, upgrade: bool) -> Result<u32, StoreError> {
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(at(path, "BEGIN IMMEDIATE for the schema migration"))?;
     let result = (|| {
@@ -221,6 +243,8 @@ fn migrate(conn: &Connection, path: &Path) -> Result<u32, StoreError> {
         if from == 0 {
             conn.execute_batch(&format!("PRAGMA application_id = {APPLICATION_ID}"))
                 .map_err(at(path, "PRAGMA application_id"))?;
+        } else if !upgrade {
+            return Ok(from);
         }
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(from as usize) {
             let to = i + 1;
@@ -245,8 +269,13 @@ fn migrate(conn: &Connection, path: &Path) -> Result<u32, StoreError> {
 }
 
 /// Opens (creating when missing) the store at `path`: checks the file, sets the `PRAGMA`s and
-/// migrates the schema. Returns the connection and the schema version.
-pub fn open(path: &Path, synchronous_full: bool) -> Result<(Connection, u32), StoreError> {
+/// migrates the schema (an older store only with `upgrade`). Returns the connection and the
+/// schema version.
+pub fn open(
+    path: &Path,
+    synchronous_full: bool,
+    upgrade: bool,
+) -> Result<(Connection, u32), StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -262,7 +291,7 @@ pub fn open(path: &Path, synchronous_full: bool) -> Result<(Connection, u32), St
     })?;
     check_header(path, header)?;
     configure(&conn, path, synchronous_full)?;
-    let version = migrate(&conn, path)?;
+    let version = migrate(&conn, path, upgrade)?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok((conn, version))
 }
@@ -309,7 +338,7 @@ mod tests {
     fn fresh_file_gets_every_migration_and_the_agl_id() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
-        let (conn, version) = open(&path, false).unwrap();
+        let (conn, version) = open(&path, false, true).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
         let h = header(&conn);
         assert_eq!(h.application_id, APPLICATION_ID);
@@ -324,7 +353,87 @@ mod tests {
         assert_eq!(fk, 1);
         drop(conn);
         // Reopening an up-to-date store migrates nothing and keeps the version.
-        let (_conn, version) = open(&path, true).unwrap();
+        let (_conn, version) = open(&path, true, true).unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn version_1_database_migrates_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            // A store as version 1 of this crate wrote it.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;"
+            ))
+            .unwrap();
+            for (i, (status, mode)) in [
+                ("succeeded", Some("train")),
+                ("succeeded", Some("train")),
+                ("queuing", None),
+                ("failed", Some("val")),
+            ]
+            .iter()
+            .enumerate()
+            {
+                conn.execute(
+                    "INSERT INTO rollouts (rollout_id, input, start_time, status, config, mode) \
+                     VALUES (?1, '{}', ?2, ?3, '{}', ?4)",
+                    rusqlite::params![format!("ro-{i}"), i as f64, status, mode],
+                )
+                .unwrap();
+            }
+            conn.execute("INSERT INTO queue (rollout_seq) VALUES (3)", [])
+                .unwrap();
+        }
+        let (conn, version) = open(&path, false, true).unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(header(&conn).user_version, i64::from(SCHEMA_VERSION));
+        let ids: Vec<String> = conn
+            .prepare("SELECT rollout_id FROM rollouts ORDER BY seq")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(ids, ["ro-0", "ro-1", "ro-2", "ro-3"], "rows kept");
+        let queued: i64 = conn
+            .query_row("SELECT rollout_seq FROM queue", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(queued, 3);
+        for index in [
+            "rollouts_by_start",
+            "rollouts_by_end",
+            "rollouts_by_mode_start",
+        ] {
+            let n: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?1",
+                    [index],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(n, 1, "{index}");
+        }
+        // The new indexes are consistent with the rows they were built from.
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        let newest: String = conn
+            .query_row(
+                "SELECT rollout_id FROM rollouts INDEXED BY rollouts_by_start \
+                 ORDER BY start_time DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(newest, "ro-3");
+        drop(conn);
+        // Reopening an up-to-date store runs no migration again.
+        let (_conn, version) = open(&path, false, true).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
     }
 

@@ -269,7 +269,7 @@ mod tests {
 
     fn ctx(dir: &tempfile::TempDir) -> Ctx {
         let path = dir.path().join("w.db");
-        let (conn, _) = super::super::schema::open(&path, false).unwrap();
+        let (conn, _) = super::super::schema::open(&path, false, true).unwrap();
         Ctx::new(conn, path, 0.0)
     }
 
