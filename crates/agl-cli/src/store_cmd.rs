@@ -222,9 +222,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             Some(path) => {
                 let options = if args.read_only {
                     // The watchdog would time out and requeue rollouts: off, as for inspect.
+                    // An older schema is read as it is, not migrated.
                     SqliteOptions {
                         scan_debounce_seconds: f64::INFINITY,
                         sweep_interval: None,
+                        upgrade_schema: false,
                         ..SqliteOptions::default()
                     }
                 } else {
@@ -334,6 +336,7 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
     let options = SqliteOptions {
         sweep_interval: None,
         scan_debounce_seconds: f64::INFINITY,
+        upgrade_schema: false,
         ..SqliteOptions::default()
     };
     let store = SqliteLightningStore::open_with(path, options)
