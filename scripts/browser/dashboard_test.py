@@ -14,7 +14,8 @@ Headless Chromium (Debian's /usr/bin/chromium, driven by Playwright) opens each 
 - `/governance`: the h1 says Governance, a chart, the most frequent blocked actions (`#blocked`)
   and, when the store serves the flight recorder (`--audit`), its verification (`#recorder`);
 - `/governance/audit`: the flight recorder's entries (`table.audit`), and with
-  `?verdict=block` only blocked ones;
+  `?verdict=block` only blocked ones, whose first rollout's page shows the block and its
+  violation (all spans opened for the screenshot `rollout-blocked.png`);
 - `live`: `/training` stays open while a second `agl train --store-url` writes into the served
   store; the finished-rollout tally (`#tally-rollouts`) must grow within 30 s through the page's
   server-sent events (`/dashboard/events`), without a navigation or reload.
@@ -383,7 +384,22 @@ def page_audit(ctx: Context) -> None:
     else:
         others = sorted({" ".join(v.split()) for v in verdicts if "block" not in v.lower()})
         ctx.results.check(path, "every row's verdict says block", n > 0 and not others, f"other verdicts: {others}" if others else "no rows")
+    link = tab.page.locator('table.audit a[href^="/rollouts/"]')
+    href = link.first.get_attribute("href") if link.count() else None
     finish(ctx, tab, path, "audit-block.png")
+
+    # The rollout of the first blocked action: its trace shows the block and the violation.
+    # All its spans are opened for the screenshot `rollout-blocked.png` (the README's).
+    name = "blocked rollout"
+    if not ctx.results.check(name, "a blocked entry links to its rollout", href is not None, "no rollout link"):
+        return
+    tab = Tab.open(ctx.browser)
+    check_load(ctx, tab, name, href)
+    body = tab.text("main") or ""
+    ctx.results.check(name, "its page shows the block verdict", "block" in body, short(body))
+    ctx.results.check(name, "its page lists a violation with its policy", tab.count("table.violations tr:has(td)") >= 1, "no violation rows")
+    tab.page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })")
+    finish(ctx, tab, name, "rollout-blocked.png")
 
 
 def tally(tab: Tab) -> int | None:
