@@ -31,8 +31,7 @@
 # 2 on a usage error. Needs network access to the Debian mirror only when the server is missing.
 set -euo pipefail
 
-# The test of the store's PostgreSQL backend (the default command; the backend is being built,
-# issue 17: until its test exists, give a command after --).
+# The tests of the store's PostgreSQL backend (the default command; .ci/run runs it).
 DEFAULT_CMD=(cargo test --locked -p agl-store --features postgres --test postgres)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

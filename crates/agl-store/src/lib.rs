@@ -12,6 +12,8 @@
 pub mod error;
 pub mod lifecycle;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod query;
 pub mod sqlite;
 pub mod store;

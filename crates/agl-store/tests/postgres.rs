@@ -1,0 +1,165 @@
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The PostgreSQL backend against a real server: `scripts/postgres.sh` starts a throwaway
+//! cluster and runs these tests with `AGL_TEST_POSTGRES_URL` set (they fail without it: the
+//! `postgres` feature was asked for, so skipping would hide that nothing ran).
+
+use agl_store::postgres::{SCHEMA_VERSION, prepare, schema_name};
+use tokio_postgres::{Client, NoTls};
+
+async fn connect() -> Client {
+    let url = std::env::var("AGL_TEST_POSTGRES_URL")
+        .expect("AGL_TEST_POSTGRES_URL is not set: run these tests through scripts/postgres.sh");
+    let (client, connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// A partition no other test (or earlier run) uses.
+fn fresh_partition(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{what}_{}_{nanos}", std::process::id())
+}
+
+async fn meta_version(client: &Client, schema: &str) -> String {
+    client
+        .query_one(
+            &format!("SELECT value FROM {schema}.agl_meta WHERE key = 'schema_version'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_new_partition_is_created_then_reopened_as_it_is() {
+    let mut client = connect().await;
+    let schema = schema_name(&fresh_partition("new")).unwrap();
+    assert_eq!(prepare(&mut client, &schema).await.unwrap(), 0);
+    assert_eq!(
+        meta_version(&client, &schema).await,
+        SCHEMA_VERSION.to_string()
+    );
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 8, "seven store tables and agl_meta");
+    assert_eq!(prepare(&mut client, &schema).await.unwrap(), SCHEMA_VERSION);
+}
+
+#[tokio::test]
+async fn a_schema_that_is_not_a_store_is_refused_untouched() {
+    let mut client = connect().await;
+    let schema = schema_name(&fresh_partition("foreign")).unwrap();
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema}; CREATE TABLE {schema}.users (name TEXT); \
+             INSERT INTO {schema}.users VALUES ('ada');"
+        ))
+        .await
+        .unwrap();
+    let e = prepare(&mut client, &schema).await.unwrap_err().to_string();
+    assert!(e.contains("not an agl store") && e.contains("users"), "{e}");
+    let rows: Vec<String> = client
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, ["users"]);
+    let n: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {schema}.users"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn a_newer_store_is_refused_untouched() {
+    let mut client = connect().await;
+    let schema = schema_name(&fresh_partition("newer")).unwrap();
+    prepare(&mut client, &schema).await.unwrap();
+    client
+        .execute(
+            &format!("UPDATE {schema}.agl_meta SET value = '99' WHERE key = 'schema_version'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let e = prepare(&mut client, &schema).await.unwrap_err().to_string();
+    assert!(e.contains("schema version 99, newer than"), "{e}");
+    assert_eq!(meta_version(&client, &schema).await, "99");
+}
+
+#[tokio::test]
+async fn servers_opening_one_new_store_at_once_create_it_once() {
+    let schema = schema_name(&fresh_partition("race")).unwrap();
+    let mut opens = Vec::new();
+    for _ in 0..6 {
+        let schema = schema.clone();
+        opens.push(tokio::spawn(async move {
+            let mut client = connect().await;
+            prepare(&mut client, &schema).await
+        }));
+    }
+    let mut created = 0;
+    for open in opens {
+        match open.await.unwrap() {
+            Ok(0) => created += 1,
+            Ok(v) => assert_eq!(v, SCHEMA_VERSION),
+            Err(e) => panic!("a concurrent open failed: {e}"),
+        }
+    }
+    assert_eq!(created, 1, "exactly one opener creates the store");
+}
+
+#[tokio::test]
+async fn partitions_are_separate_stores() {
+    let mut client = connect().await;
+    let (a, b) = (
+        schema_name(&fresh_partition("a")).unwrap(),
+        schema_name(&fresh_partition("b")).unwrap(),
+    );
+    prepare(&mut client, &a).await.unwrap();
+    prepare(&mut client, &b).await.unwrap();
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {a}.rollouts (rollout_id, input, start_time, status, config) \
+                 VALUES ('ro-1', 'null', 0, 'queuing', '{{}}')"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let count = |s: String| {
+        let client = &client;
+        async move {
+            client
+                .query_one(&format!("SELECT count(*) FROM {s}.rollouts"), &[])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(count(a).await, 1);
+    assert_eq!(count(b).await, 0);
+}
