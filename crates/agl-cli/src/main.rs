@@ -131,9 +131,21 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            // One line: clap's first line names the argument and the problem.
+            // One line: clap's first line names the argument and the problem; when it ends
+            // with a colon (missing arguments), the indented lines that list them follow.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("error: invalid arguments");
+            let mut lines = text.lines();
+            let mut first = lines
+                .next()
+                .unwrap_or("error: invalid arguments")
+                .to_string();
+            if first.ends_with(':') {
+                let listed: Vec<&str> = lines
+                    .take_while(|l| l.starts_with("  "))
+                    .map(str::trim)
+                    .collect();
+                first = format!("{first} {}", listed.join(", "));
+            }
             eprintln!("{first} (see `agl --help`)");
             return ExitCode::from(2);
         }

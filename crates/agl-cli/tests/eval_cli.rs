@@ -20,9 +20,15 @@ fn bad_flags_are_one_line_errors() {
     assert_one_line_error(&o, 2, "unknown split `test`");
     let o = agl(&["eval", "--agent", "robot"]);
     assert_one_line_error(&o, 2, "robot");
-    // (clap names the missing flag on its second line, which `agl` leaves out)
+    // clap lists the missing flags on the lines after its first; `agl` keeps them on one.
     let o = agl(&["eval", "--split", "dev"]);
-    assert_one_line_error(&o, 2, "required arguments were not provided");
+    assert_one_line_error(
+        &o,
+        2,
+        "required arguments were not provided: --agent <AGENT>",
+    );
+    let o = agl(&["store", "--read-only"]);
+    assert_one_line_error(&o, 2, "required arguments were not provided: --db <PATH>");
     let o = agl(&["eval", "--agent", "scorer", "--offset", "3", "--every", "2"]);
     assert_one_line_error(&o, 2, "--every");
     let o = agl(&["eval", "--agent", "scorer", "--every", "0"]);
