@@ -1,4 +1,3 @@
-#![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The PostgreSQL backend against a real server: `scripts/postgres.sh` starts a throwaway
 //! cluster and runs these tests with `AGL_TEST_POSTGRES_URL` set (they fail without it: the
