@@ -187,6 +187,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }),
     };
     config.validate()?;
+    if let (true, Some(path)) = (args.read_only, &args.db) {
+        anyhow::ensure!(
+            path.is_file(),
+            "--read-only: no store database at {} (a read-only store is never created)",
+            path.display()
+        );
+    }
     let (gateway, llm_note) = match (&args.llm, args.upstream.http()) {
         (Some(model), _) => {
             let engine_args = EngineArgs {

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{agl, assert_one_line_error, stderr};
+use common::{agl, assert_one_line_error, assert_one_line_failure, stderr};
 use serde_json::Value;
 
 fn report(path: &Path) -> Value {
@@ -29,6 +29,14 @@ fn bad_flags_are_one_line_errors() {
     );
     let o = agl(&["store", "--read-only"]);
     assert_one_line_error(&o, 2, "required arguments were not provided: --db <PATH>");
+    let missing = std::env::temp_dir().join(format!("agl-no-store-{}.db", std::process::id()));
+    let o = agl(&["store", "--read-only", "--db", missing.to_str().unwrap()]);
+    assert_one_line_failure(&o, "a read-only store is never created");
+    assert!(
+        !missing.exists(),
+        "the read-only store created {}",
+        missing.display()
+    );
     let o = agl(&["eval", "--agent", "scorer", "--offset", "3", "--every", "2"]);
     assert_one_line_error(&o, 2, "--every");
     let o = agl(&["eval", "--agent", "scorer", "--every", "0"]);
