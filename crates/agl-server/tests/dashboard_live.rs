@@ -297,6 +297,18 @@ async fn a_bad_audit_db_fails_at_start_up_and_a_missing_one_is_awaited() {
     audit_db(&later);
     let (_, html) = get(&app, "/governance").await;
     assert!(html.contains("Chain verified: 9 entries"), "{html}");
+    // One the recorder has created but not yet written to is checked, no longer awaited.
+    let config = ServerConfig {
+        audit_db: Some(dir.path().join("empty.db")),
+        ..ServerConfig::default()
+    };
+    let (app, _stop) = app_with(Arc::new(InMemoryLightningStore::new()), &config);
+    let (_, html) = get(&app, "/governance").await;
+    assert!(html.contains("Waiting for the flight recorder"), "{html}");
+    let empty = FlightRecorder::create(&dir.path().join("empty.db")).unwrap();
+    empty.flush().unwrap();
+    let (_, html) = get(&app, "/governance").await;
+    assert!(html.contains("Chain verified: 0 entries"), "{html}");
 }
 
 #[tokio::test]

@@ -229,12 +229,15 @@ impl AuditDb {
     /// than [`RECHECK`].
     pub(crate) async fn status(&self) -> ChainStatus {
         let mut checked = self.checked.lock().await;
-        if let Some(c) = checked.as_ref() {
-            // A database that did not exist is looked for again on every view.
-            if c.status.state == "waiting" && !self.path.exists() {
-                return c.status.clone();
-            }
-            if c.status.state != "waiting" && c.at.elapsed() < RECHECK {
+        // A database that did not exist is looked for again on every view, and checked as
+        // soon as it exists (even before its first entry).
+        if let Some(c) = checked.as_ref().filter(|c| c.status.state == "waiting")
+            && !self.path.exists()
+        {
+            return c.status.clone();
+        }
+        if let Some(c) = checked.as_ref().filter(|c| c.status.state != "waiting") {
+            if c.at.elapsed() < RECHECK {
                 return c.status.clone();
             }
             let (path, from) = (self.path.clone(), c.last_seq);
