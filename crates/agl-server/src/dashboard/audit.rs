@@ -12,10 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agl_core::now_seconds;
-use agl_gov::{
-    HeadSource, Page, Query, RecorderReader, Severity, Summary, Verdict, VerifyOptions,
-    VerifyReport,
-};
+use agl_gov::{HeadSource, Page, Query, RecorderReader, Summary, VerifyOptions, VerifyReport};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -75,21 +72,28 @@ fn last_seq(reader: &RecorderReader) -> Result<u64, String> {
     }
 }
 
+impl ChainStatus {
+    /// The status of a check of `path` that failed (`state` `error`) after `seconds`.
+    fn failed(path: &Path, problem: String, seconds: f64) -> ChainStatus {
+        ChainStatus {
+            path: path.display().to_string(),
+            state: "error",
+            keyed: false,
+            entries: 0,
+            beyond_head: 0,
+            head_hash: None,
+            problem: Some(problem),
+            checked_at: super::view::time(Some(now_seconds())),
+            seconds,
+            summary: None,
+        }
+    }
+}
+
 fn check(path: &Path, key: Option<&[u8]>) -> (u64, ChainStatus) {
     let started = Instant::now();
-    let checked_at = super::view::time(Some(now_seconds()));
-    let failed = |problem: String| ChainStatus {
-        path: path.display().to_string(),
-        state: "error",
-        keyed: false,
-        entries: 0,
-        beyond_head: 0,
-        head_hash: None,
-        problem: Some(problem),
-        checked_at: checked_at.clone(),
-        seconds: started.elapsed().as_secs_f64(),
-        summary: None,
-    };
+    let failed =
+        |problem: String| ChainStatus::failed(path, problem, started.elapsed().as_secs_f64());
     if !path.exists() {
         return (
             0,
@@ -132,56 +136,46 @@ fn check(path: &Path, key: Option<&[u8]>) -> (u64, ChainStatus) {
             .first_broken
             .as_ref()
             .map(|b| format!("entry {}: {}", b.seq, b.reason)),
-        checked_at,
+        checked_at: super::view::time(Some(now_seconds())),
         seconds: started.elapsed().as_secs_f64(),
         summary,
     };
     (seq, status)
 }
 
-/// Filters of `/governance/audit` (the query string, already parsed).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct EntryFilter {
-    pub(crate) rollout_id: Option<String>,
-    pub(crate) policy: Option<String>,
-    pub(crate) verdict: Option<Verdict>,
-    pub(crate) severity: Option<Severity>,
-    pub(crate) after: Option<u64>,
-    pub(crate) limit: usize,
-}
-
-impl EntryFilter {
-    /// Parses the page's parameters; the error names the bad one.
-    pub(crate) fn parse(
-        rollout_id: &str,
-        policy: &str,
-        verdict: &str,
-        severity: &str,
-        after: Option<u64>,
-        limit: usize,
-    ) -> Result<EntryFilter, String> {
-        let some = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
-        Ok(EntryFilter {
-            rollout_id: some(rollout_id),
-            policy: some(policy),
-            verdict: match verdict.trim() {
-                "" => None,
-                v => {
-                    Some(v.parse().map_err(|_| {
-                        format!("`{v}` is not a verdict (allow, warn, modify, block)")
-                    })?)
-                }
-            },
-            severity: match severity.trim() {
-                "" => None,
-                v => Some(v.parse().map_err(|_| {
+/// The recorder query of `/governance/audit`'s parameters (empty ones are no filter); the
+/// error names the bad one.
+pub(crate) fn entry_query(
+    rollout_id: &str,
+    policy: &str,
+    verdict: &str,
+    severity: &str,
+    after: Option<u64>,
+    limit: usize,
+) -> Result<Query, String> {
+    let some = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
+    Ok(Query {
+        rollout_id: some(rollout_id),
+        policy: some(policy),
+        verdict: match verdict.trim() {
+            "" => None,
+            v => Some(
+                v.parse()
+                    .map_err(|_| format!("`{v}` is not a verdict (allow, warn, modify, block)"))?,
+            ),
+        },
+        severity: match severity.trim() {
+            "" => None,
+            v => {
+                Some(v.parse().map_err(|_| {
                     format!("`{v}` is not a severity (low, medium, high, critical)")
-                })?),
-            },
-            after,
-            limit,
-        })
-    }
+                })?)
+            }
+        },
+        after_seq: after,
+        limit,
+        ..Query::default()
+    })
 }
 
 impl AuditDb {
@@ -264,18 +258,7 @@ impl AuditDb {
                 Ok(r) => r,
                 Err(e) => (
                     0,
-                    ChainStatus {
-                        path: self.path.display().to_string(),
-                        state: "error",
-                        keyed: self.key.is_some(),
-                        entries: 0,
-                        beyond_head: 0,
-                        head_hash: None,
-                        problem: Some(format!("the check did not finish: {e}")),
-                        checked_at: super::view::time(Some(now_seconds())),
-                        seconds: 0.0,
-                        summary: None,
-                    },
+                    ChainStatus::failed(&self.path, format!("the check did not finish: {e}"), 0.0),
                 ),
             };
         *checked = Some(Checked {
@@ -286,25 +269,15 @@ impl AuditDb {
         status
     }
 
-    /// One page of entries matching `f`, oldest first, from after `f.after`.
+    /// One page of entries matching `q`, oldest first.
     ///
     /// # Errors
     /// The database cannot be read, as text.
-    pub(crate) async fn entries(&self, f: EntryFilter) -> Result<Page, String> {
+    pub(crate) async fn entries(&self, q: Query) -> Result<Page, String> {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || {
             RecorderReader::open(&path)
-                .and_then(|r| {
-                    r.query(&Query {
-                        rollout_id: f.rollout_id,
-                        policy: f.policy,
-                        verdict: f.verdict,
-                        severity: f.severity,
-                        after_seq: f.after,
-                        limit: f.limit,
-                        ..Query::default()
-                    })
-                })
+                .and_then(|r| r.query(&q))
                 .map_err(|e| e.to_string())
         })
         .await

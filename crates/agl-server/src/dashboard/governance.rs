@@ -12,7 +12,7 @@ use axum::response::Response;
 use minijinja::context;
 use serde::{Deserialize, Serialize};
 
-use super::audit::EntryFilter;
+use super::audit::entry_query;
 use super::charts::{ChartSpec, Line, line_chart};
 use super::tally::Tally;
 use super::{MAX_PAGE, PAGE, Shared, view};
@@ -102,37 +102,24 @@ struct BlockedRow {
 }
 
 pub(super) async fn governance(State(d): State<Shared>) -> Response {
-    let (tally, progress) = d.live.follower.snapshot();
-    let (chart, since) = violations_chart(&tally);
-    let mut by_policy: Vec<PolicyRow> = tally
-        .by_policy
-        .iter()
-        .map(|((policy, severity), count)| PolicyRow {
-            policy: policy.clone(),
-            severity: severity.clone(),
-            count: *count,
-        })
-        .collect();
-    by_policy.sort_by(|a, b| b.count.cmp(&a.count).then(a.policy.cmp(&b.policy)));
-    let blocked: Vec<BlockedRow> = tally
-        .top_blocked(TOP_BLOCKED)
-        .into_iter()
-        .map(|(action, count)| BlockedRow { action, count })
-        .collect();
-    let recorder = match &d.audit {
-        Some(a) => Some(a.status().await),
-        None => None,
-    };
-    d.render(
-        StatusCode::OK,
-        "governance.html",
+    let counts = d.live.follower.read(|tally, progress| {
+        let (chart, since) = violations_chart(tally);
+        let mut by_policy: Vec<PolicyRow> = tally
+            .by_policy
+            .iter()
+            .map(|((policy, severity), count)| PolicyRow {
+                policy: policy.clone(),
+                severity: severity.clone(),
+                count: *count,
+            })
+            .collect();
+        by_policy.sort_by(|a, b| b.count.cmp(&a.count).then(a.policy.cmp(&b.policy)));
+        let blocked: Vec<BlockedRow> = tally
+            .top_blocked(TOP_BLOCKED)
+            .into_iter()
+            .map(|(action, count)| BlockedRow { action, count })
+            .collect();
         context! {
-            page => "governance",
-            live => true,
-            counted => tally.rollouts,
-            finished => progress.finished_in_store,
-            caught_up => progress.caught_up,
-            error => progress.error,
             chart,
             since,
             by_policy,
@@ -140,8 +127,17 @@ pub(super) async fn governance(State(d): State<Shared>) -> Response {
             blocked,
             blocked_total => tally.blocked_total,
             blocked_pruned => tally.blocked_pruned,
-            recorder,
-        },
+            ..progress.context(tally)
+        }
+    });
+    let recorder = match &d.audit {
+        Some(a) => Some(a.status().await),
+        None => None,
+    };
+    d.render(
+        StatusCode::OK,
+        "governance.html",
+        context! { page => "governance", live => true, recorder, ..counts },
     )
 }
 
@@ -214,7 +210,7 @@ pub(super) async fn audit_entries(
         );
     };
     let limit = p.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
-    let filter = match EntryFilter::parse(
+    let query = match entry_query(
         &p.rollout_id,
         &p.policy,
         &p.verdict,
@@ -225,7 +221,7 @@ pub(super) async fn audit_entries(
         Ok(f) => f,
         Err(e) => return d.error(StatusCode::BAD_REQUEST, e),
     };
-    let page = match audit.entries(filter).await {
+    let page = match audit.entries(query).await {
         Ok(page) => page,
         Err(e) => {
             return d.error(

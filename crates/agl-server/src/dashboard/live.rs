@@ -28,7 +28,7 @@ const BUDGET: u64 = 2_000;
 
 /// The loop's state and its change counter.
 pub(crate) struct Live {
-    pub(crate) follower: Arc<Follower>,
+    pub(crate) follower: Follower,
     changes: watch::Sender<u64>,
     started: AtomicBool,
     shutting_down: watch::Receiver<bool>,
@@ -48,7 +48,7 @@ impl Live {
         shutting_down: watch::Receiver<bool>,
     ) -> Live {
         Live {
-            follower: Arc::new(Follower::new(store)),
+            follower: Follower::new(store),
             changes: watch::channel(0).0,
             started: AtomicBool::new(false),
             shutting_down,

@@ -287,6 +287,18 @@ pub(crate) struct Progress {
     pub(crate) error: Option<String>,
 }
 
+impl Progress {
+    /// What `progress.html` shows: rollouts counted of those finished, and the last error.
+    pub(crate) fn context(&self, tally: &Tally) -> minijinja::Value {
+        minijinja::context! {
+            counted => tally.rollouts,
+            finished => self.finished_in_store,
+            caught_up => self.caught_up,
+            error => self.error.clone(),
+        }
+    }
+}
+
 /// What one [`Follower::poll`] did.
 #[derive(Debug)]
 pub(crate) struct Polled {
@@ -324,13 +336,14 @@ impl Follower {
         }
     }
 
-    /// A copy of the tally and the progress.
-    pub(crate) fn snapshot(&self) -> (Tally, Progress) {
+    /// `f` of the tally and the progress, under the read lock (a page takes what it shows,
+    /// not a copy of the whole tally).
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Tally, &Progress) -> T) -> T {
         match self.state.read() {
-            Ok(s) => (s.tally.clone(), s.progress.clone()),
+            Ok(s) => f(&s.tally, &s.progress),
             Err(poisoned) => {
                 let s = poisoned.into_inner();
-                (s.tally.clone(), s.progress.clone())
+                f(&s.tally, &s.progress)
             }
         }
     }
@@ -373,7 +386,6 @@ impl Follower {
                 .await?;
             let mut new_here = 0;
             for r in page.items.iter().map(|r| r.rollout()) {
-                let end = r.end_time.unwrap_or(r.start_time);
                 if self.with_state(|s| s.recent.contains_key(&r.rollout_id)) {
                     continue;
                 }
@@ -388,6 +400,7 @@ impl Follower {
                     })
                     .await?;
                 let facts = RolloutFacts::of(r, &spans.items);
+                let end = facts.end_time;
                 self.with_state(|s| {
                     s.tally.add(&facts);
                     s.recent.insert(r.rollout_id.clone(), end);
@@ -617,17 +630,17 @@ mod tests {
         store.start_rollout(r, None).await.unwrap();
         let first = follower.poll(300).await.unwrap();
         assert!(first.more && first.counted >= 300 && first.counted < 600);
-        assert!(!follower.snapshot().1.caught_up);
+        assert!(!follower.read(|_, p| p.caught_up));
         let second = follower.poll(300).await.unwrap();
         assert!(!second.more);
         assert_eq!(first.counted + second.counted, 600);
-        let (tally, progress) = follower.snapshot();
-        assert_eq!(tally.rollouts, 600);
+        let (counted, progress) = follower.read(|t, p| (t.rollouts, p.clone()));
+        assert_eq!(counted, 600);
         assert!(progress.caught_up);
         assert_eq!(progress.finished_in_store, 600);
         assert_eq!(follower.poll(300).await.unwrap().counted, 0);
         finish(3).await;
         assert_eq!(follower.poll(300).await.unwrap().counted, 3);
-        assert_eq!(follower.snapshot().0.rollouts, 603);
+        assert_eq!(follower.read(|t, _| t.rollouts), 603);
     }
 }

@@ -115,62 +115,57 @@ fn chart(all: &[Series], spec: &ChartSpec<'_>, metric: fn(&VersionStats) -> Opti
 }
 
 pub(super) async fn training(State(d): State<Shared>) -> Response {
-    let (tally, progress) = d.live.follower.snapshot();
-    let all = series(&tally);
-    let charts = [
-        chart(
-            &all,
-            &ChartSpec {
-                title: "mean reward",
-                x_desc: "step (resources version)",
-                y_desc: "reward",
-                y_floor: None,
-            },
-            VersionStats::mean_reward,
-        ),
-        chart(
-            &all,
-            &ChartSpec {
-                title: "accuracy",
-                x_desc: "step (resources version)",
-                y_desc: "correct / judged",
-                y_floor: Some((0.0, 1.0)),
-            },
-            VersionStats::accuracy,
-        ),
-        chart(
-            &all,
-            &ChartSpec {
-                title: "violation rate",
-                x_desc: "step (resources version)",
-                y_desc: "rollouts with a violation",
-                y_floor: Some((0.0, 1.0)),
-            },
-            VersionStats::violation_rate,
-        ),
-    ];
-    let mut versions: Vec<(&VersionKey, &VersionStats)> = tally.versions.iter().collect();
-    versions.sort_by(|a, b| b.1.last_end.total_cmp(&a.1.last_end));
-    let shown: Vec<VersionRow> = versions
-        .iter()
-        .take(TABLE_ROWS)
-        .map(|(k, v)| VersionRow::of(k, v))
-        .collect();
-    d.render(
-        StatusCode::OK,
-        "training.html",
+    let ctx = d.live.follower.read(|tally, progress| {
+        let all = series(tally);
+        let charts = [
+            chart(
+                &all,
+                &ChartSpec {
+                    title: "mean reward",
+                    x_desc: "step (resources version)",
+                    y_desc: "reward",
+                    y_floor: None,
+                },
+                VersionStats::mean_reward,
+            ),
+            chart(
+                &all,
+                &ChartSpec {
+                    title: "accuracy",
+                    x_desc: "step (resources version)",
+                    y_desc: "correct / judged",
+                    y_floor: Some((0.0, 1.0)),
+                },
+                VersionStats::accuracy,
+            ),
+            chart(
+                &all,
+                &ChartSpec {
+                    title: "violation rate",
+                    x_desc: "step (resources version)",
+                    y_desc: "rollouts with a violation",
+                    y_floor: Some((0.0, 1.0)),
+                },
+                VersionStats::violation_rate,
+            ),
+        ];
+        let mut versions: Vec<(&VersionKey, &VersionStats)> = tally.versions.iter().collect();
+        versions.sort_by(|a, b| b.1.last_end.total_cmp(&a.1.last_end));
+        let shown: Vec<VersionRow> = versions
+            .iter()
+            .take(TABLE_ROWS)
+            .map(|(k, v)| VersionRow::of(k, v))
+            .collect();
         context! {
             page => "training",
             live => true,
-            counted => tally.rollouts,
-            finished => progress.finished_in_store,
-            caught_up => progress.caught_up,
-            error => progress.error,
             charts,
             versions => shown,
             more_versions => versions.len().saturating_sub(TABLE_ROWS),
-        },
-    )
+            ..progress.context(tally)
+        }
+    });
+    d.render(StatusCode::OK, "training.html", ctx)
 }
 
 /// One named resource, for display (an LLM's `api_key` is never shown).
@@ -264,28 +259,28 @@ pub(super) async fn resources(State(d): State<Shared>, Query(p): Query<PageParam
         Ok(page) => page,
         Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
     };
-    let (tally, _) = d.live.follower.snapshot();
-    let rows: Vec<ResourcesRow> = page
-        .items
-        .iter()
-        .map(|r| {
-            let (rollouts, reward) = tally_of(&tally, &r.resources_id);
-            ResourcesRow {
-                id: r.resources_id.clone(),
-                version: r.version,
-                created: view::time(Some(r.create_time)),
-                updated: view::time(Some(r.update_time)),
-                names: r
-                    .resources
-                    .iter()
-                    .map(|(n, res)| format!("{n} ({})", res.resource_type()))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                rollouts,
-                reward: fixed(reward, 3),
-            }
-        })
-        .collect();
+    let rows: Vec<ResourcesRow> = d.live.follower.read(|tally, _| {
+        page.items
+            .iter()
+            .map(|r| {
+                let (rollouts, reward) = tally_of(tally, &r.resources_id);
+                ResourcesRow {
+                    id: r.resources_id.clone(),
+                    version: r.version,
+                    created: view::time(Some(r.create_time)),
+                    updated: view::time(Some(r.update_time)),
+                    names: r
+                        .resources
+                        .iter()
+                        .map(|(n, res)| format!("{n} ({})", res.resource_type()))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    rollouts,
+                    reward: fixed(reward, 3),
+                }
+            })
+            .collect()
+    });
     let shown = rows.len() as u64;
     let href = |offset: u64| format!("/resources?limit={limit}&offset={offset}");
     d.render(
@@ -315,13 +310,14 @@ pub(super) async fn resource(
             format!("no resources `{resources_id}` in this store"),
         );
     };
-    let (tally, _) = d.live.follower.snapshot();
-    let mut versions: Vec<VersionRow> = tally
-        .versions
-        .iter()
-        .filter(|((id, _), _)| *id == r.resources_id)
-        .map(|(k, v)| VersionRow::of(k, v))
-        .collect();
+    let mut versions: Vec<VersionRow> = d.live.follower.read(|tally, _| {
+        tally
+            .versions
+            .iter()
+            .filter(|((id, _), _)| *id == r.resources_id)
+            .map(|(k, v)| VersionRow::of(k, v))
+            .collect()
+    });
     versions.sort_by(|a, b| a.mode.cmp(&b.mode));
     d.render(
         StatusCode::OK,
