@@ -191,6 +191,11 @@ impl Dashboard {
         }
     }
 
+    /// The page of a store query that failed (502: the pages sit in front of the store).
+    fn store_failed(&self, e: &agl_store::StoreError) -> Response {
+        self.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}"))
+    }
+
     fn error(&self, status: StatusCode, message: impl std::fmt::Display) -> Response {
         self.render(
             status,
@@ -288,7 +293,7 @@ async fn rollouts(State(d): State<Shared>, Query(p): Query<RolloutsParams>) -> R
     };
     let page = match d.store.query_rollouts(query).await {
         Ok(page) => page,
-        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+        Err(e) => return d.store_failed(&e),
     };
     let rows: Vec<view::RolloutRow> = page.items.iter().map(view::RolloutRow::of).collect();
     let href = |offset: u64| {
@@ -352,7 +357,7 @@ async fn runners(State(d): State<Shared>, Query(p): Query<PageParams>) -> Respon
     };
     let page = match d.store.query_workers(query).await {
         Ok(page) => page,
-        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+        Err(e) => return d.store_failed(&e),
     };
     let rows: Vec<view::WorkerRow> = page.items.iter().map(view::WorkerRow::of).collect();
     let shown = rows.len() as u64;
@@ -384,7 +389,7 @@ async fn rollout(
 ) -> Response {
     let found = match d.store.get_rollout_by_id(&rollout_id).await {
         Ok(r) => r,
-        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+        Err(e) => return d.store_failed(&e),
     };
     let Some(r) = found else {
         return d.error(
@@ -398,7 +403,7 @@ async fn rollout(
         .await
     {
         Ok(a) => a.items,
-        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+        Err(e) => return d.store_failed(&e),
     };
     let attempt = p
         .attempt
@@ -416,7 +421,7 @@ async fn rollout(
             match d.store.query_spans(query).await {
                 Ok(s) => s,
                 Err(e) => {
-                    return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}"));
+                    return d.store_failed(&e);
                 }
             }
         }

@@ -257,7 +257,7 @@ pub(super) async fn resources(State(d): State<Shared>, Query(p): Query<PageParam
         .await
     {
         Ok(page) => page,
-        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+        Err(e) => return d.store_failed(&e),
     };
     let rows: Vec<ResourcesRow> = d.live.follower.read(|tally, _| {
         page.items
@@ -302,7 +302,7 @@ pub(super) async fn resource(
 ) -> Response {
     let found = match d.store.get_resources_by_id(&resources_id).await {
         Ok(r) => r,
-        Err(e) => return d.error(StatusCode::BAD_GATEWAY, format!("the store failed: {e}")),
+        Err(e) => return d.store_failed(&e),
     };
     let Some(r) = found else {
         return d.error(
