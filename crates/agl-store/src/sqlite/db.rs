@@ -797,9 +797,9 @@ impl Ctx {
         let n: i64 = self
             .conn
             .prepare_cached(sql)
-            .at("count rollouts")?
+            .at(sql)?
             .query_row(params_from_iter(params), |row| row.get(0))
-            .at("count rollouts")?;
+            .at(sql)?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
@@ -850,11 +850,11 @@ impl Ctx {
                 skip -= n;
                 continue;
             }
-            let more = [
-                SqlValue::Text(status),
-                SqlValue::Integer(left.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))),
-                SqlValue::Integer(i64::try_from(skip).unwrap_or(i64::MAX)),
-            ];
+            let [limit, offset] = self::window(Window {
+                limit: left,
+                offset: skip,
+            });
+            let more = [SqlValue::Text(status), limit, offset];
             let got = self.seqs(segment, params, &more)?;
             if let Some(l) = left.as_mut() {
                 *l = l.saturating_sub(got.len() as u64);
@@ -1355,13 +1355,7 @@ impl Ctx {
     }
 
     fn count(&self, sql: &str) -> Result<u64, StoreError> {
-        let n: i64 = self
-            .conn
-            .prepare_cached(sql)
-            .at(sql)?
-            .query_row([], |row| row.get(0))
-            .at(sql)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.count_with(sql, &[])
     }
 
     fn count_by_status(&self, sql: &str) -> Result<Vec<(String, u64)>, StoreError> {
