@@ -9,6 +9,7 @@
 //! benchmark workloads ([`workload`]) and, behind the `conformance` feature, the test suite
 //! every backend runs. Not responsible for HTTP, OTLP or governance; those are other crates.
 
+mod codec;
 pub mod error;
 pub mod lifecycle;
 pub mod memory;

@@ -4,8 +4,12 @@
 //! store in one PostgreSQL schema per partition and refuses, without touching it, a schema
 //! that holds anything else.
 
+mod ops;
+mod rows;
 pub mod schema;
+mod store;
 pub mod url;
 
 pub use schema::{APPLICATION, SCHEMA_VERSION, prepare, schema_name};
+pub use store::{MAX_RETRIES, PostgresLightningStore, PostgresOptions};
 pub use url::{DEFAULT_PARTITION, PostgresUrl, is_postgres_url};

@@ -8,6 +8,8 @@
 //! the watchdog rules ([`crate::lifecycle::watchdog_verdict`]) nor the lazy scan before
 //! operations (the backends keep that too, so a request never sees a stale status).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Weak;
 use std::time::Duration;
 
@@ -55,6 +57,34 @@ impl Sweeper {
                 if !alive {
                     break;
                 }
+            }
+        });
+        Sweeper { task: Some(task) }
+    }
+
+    /// Like [`Sweeper::spawn`] for a backend whose scan is async (it runs on the runtime, not
+    /// the blocking pool).
+    pub fn spawn_async<T>(
+        state: Weak<T>,
+        interval: Duration,
+        scan: for<'a> fn(&'a T) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
+    ) -> Self
+    where
+        T: Send + Sync + 'static,
+    {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Sweeper::disabled();
+        };
+        let task = handle.spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                let Some(state) = state.upgrade() else {
+                    break;
+                };
+                scan(&state).await;
             }
         });
         Sweeper { task: Some(task) }

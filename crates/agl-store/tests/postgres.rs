@@ -3,12 +3,37 @@
 //! cluster and runs these tests with `AGL_TEST_POSTGRES_URL` set (they fail without it: the
 //! `postgres` feature was asked for, so skipping would hide that nothing ran).
 
-use agl_store::postgres::{SCHEMA_VERSION, prepare, schema_name};
+use agl_store::LightningStore;
+use agl_store::conformance::CASES;
+use agl_store::postgres::{
+    PostgresLightningStore, PostgresOptions, PostgresUrl, SCHEMA_VERSION, prepare, schema_name,
+};
 use tokio_postgres::{Client, NoTls};
 
+fn url() -> String {
+    std::env::var("AGL_TEST_POSTGRES_URL")
+        .expect("AGL_TEST_POSTGRES_URL is not set: run these tests through scripts/postgres.sh")
+}
+
+/// A fresh store in its own partition, as the conformance suite wants it (debounce 0, no
+/// background sweeper).
+async fn fresh_store(what: &str) -> PostgresLightningStore {
+    let spec = format!("{}?partition={}", url(), fresh_partition(what));
+    let url: PostgresUrl = spec.parse().unwrap();
+    PostgresLightningStore::open(
+        &url,
+        PostgresOptions {
+            scan_debounce_seconds: 0.0,
+            sweep_interval: None,
+            ..PostgresOptions::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("opening {spec}: {e}"))
+}
+
 async fn connect() -> Client {
-    let url = std::env::var("AGL_TEST_POSTGRES_URL")
-        .expect("AGL_TEST_POSTGRES_URL is not set: run these tests through scripts/postgres.sh");
+    let url = url();
     let (client, connection) = tokio_postgres::connect(&url, NoTls)
         .await
         .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
@@ -161,4 +186,23 @@ async fn partitions_are_separate_stores() {
     };
     assert_eq!(count(a).await, 1);
     assert_eq!(count(b).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes() {
+    let mut failures = Vec::new();
+    for (name, case) in CASES {
+        let store = fresh_store("conf").await;
+        if let Err(e) = case(&store).await {
+            failures.push(format!("{name}: {e}"));
+        }
+        store.close().await.unwrap();
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        CASES.len(),
+        failures.join("\n")
+    );
 }

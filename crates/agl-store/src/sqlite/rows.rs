@@ -13,7 +13,6 @@ use std::str::FromStr;
 use agl_core::{Attempt, ResourcesUpdate, Rollout, Span, Worker};
 use rusqlite::Row;
 use rusqlite::types::ValueRef;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::StoreError;
@@ -38,19 +37,7 @@ pub(crate) fn is_unique_violation(e: &rusqlite::Error) -> bool {
     })
 }
 
-/// JSON text of a value (a column of type TEXT).
-pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T, what: &str) -> Result<String, StoreError> {
-    serde_json::to_string(value)
-        .map_err(|e| StoreError::Backend(format!("cannot encode {what} as JSON: {e}")))
-}
-
-/// JSON text of an optional value (`NULL` for `None`).
-pub(crate) fn opt_json<T: Serialize>(
-    value: Option<&T>,
-    what: &str,
-) -> Result<Option<String>, StoreError> {
-    value.map(|v| to_json(v, what)).transpose()
-}
+pub(crate) use crate::codec::{opt_json, to_json};
 
 /// Reads the columns of one row, naming table, id and column when a value is unusable.
 struct Cols<'a, 'r> {
