@@ -32,7 +32,8 @@
 set -euo pipefail
 
 # The tests of the store's PostgreSQL backend (the default command; .ci/run runs it).
-DEFAULT_CMD=(cargo test --locked -p agl-store --features postgres --lib --test postgres)
+DEFAULT_CMD=(bash -c 'cargo test --locked -p agl-store --features postgres --lib --test postgres \
+    && cargo test --locked -p agl-store --features postgres --test properties postgres_')
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_LIB=/usr/lib/postgresql

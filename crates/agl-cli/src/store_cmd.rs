@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use agl_core::{AnyRollout, AttributeValue, Span, find_final_reward};
 use agl_server::ServerConfig;
+use agl_store::postgres::{PostgresLightningStore, PostgresOptions, PostgresUrl, is_postgres_url};
 use agl_store::{
     InMemoryLightningStore, LightningStore, RolloutQuery, Sort, SqliteLightningStore,
     SqliteOptions, Window,
@@ -66,10 +67,12 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free port; the URL is printed).
     #[arg(long, default_value_t = agl_server::server::DEFAULT_PORT)]
     port: u16,
-    /// SQLite database to serve (created if missing). Without it the store is in memory and
-    /// lost when the server stops.
-    #[arg(long, value_name = "PATH")]
-    db: Option<PathBuf>,
+    /// The store to serve: a SQLite database file (created if missing), or a PostgreSQL URL
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?partition=NAME]` that several servers may
+    /// share (the partition, default `main`, is created if missing). Without it the store is
+    /// in memory and lost when the server stops.
+    #[arg(long, value_name = "PATH|postgres://…")]
+    db: Option<String>,
     #[command(flatten)]
     token: TokenArg,
     /// Allow browser requests from this origin (repeatable; `*` = any origin, without
@@ -146,14 +149,54 @@ impl StoreArgs {
     }
 }
 
-/// Opens the store named by a `--store` spec: `memory`, or a SQLite database path.
-pub fn open_store(spec: &str) -> anyhow::Result<Arc<dyn LightningStore>> {
+/// Opens the store named by a `--store` spec on `rt`: `memory`, a PostgreSQL URL, or a
+/// SQLite database path.
+pub fn open_store(
+    spec: &str,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<Arc<dyn LightningStore>> {
     if spec == "memory" {
+        let _runtime = rt.enter();
         return Ok(Arc::new(InMemoryLightningStore::new()));
     }
+    if is_postgres_url(spec) {
+        let store = rt.block_on(open_postgres(spec, PostgresOptions::default()))?;
+        return Ok(Arc::new(store));
+    }
+    let _runtime = rt.enter();
     let store = SqliteLightningStore::open(spec)
         .with_context(|| format!("opening the SQLite store {spec}"))?;
     Ok(Arc::new(store))
+}
+
+/// A store URL as it may be shown: the password, if any, replaced by `***`.
+pub fn redacted(spec: &str) -> String {
+    let Some((scheme, rest)) = spec.split_once("://") else {
+        return spec.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => spec.to_string(),
+        },
+        None => spec.to_string(),
+    }
+}
+
+/// Opens the PostgreSQL store at `spec` (a URL with an optional `partition`).
+pub async fn open_postgres(
+    spec: &str,
+    options: PostgresOptions,
+) -> anyhow::Result<PostgresLightningStore> {
+    let shown = redacted(spec);
+    let url: PostgresUrl = spec
+        .parse()
+        .with_context(|| format!("the store URL {shown}"))?;
+    PostgresLightningStore::open(&url, options)
+        .await
+        .with_context(|| format!("opening the PostgreSQL store {shown}"))
 }
 
 /// Runs `agl store`: the server, or a subcommand.
@@ -187,11 +230,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }),
     };
     config.validate()?;
-    if let (true, Some(path)) = (args.read_only, &args.db) {
+    if let (true, Some(spec)) = (args.read_only, &args.db) {
         anyhow::ensure!(
-            path.is_file(),
-            "--read-only: no store database at {} (a read-only store is never created)",
-            path.display()
+            !is_postgres_url(spec),
+            "--read-only serves a SQLite file; a PostgreSQL store is served by ordinary servers \
+             (give read-only users a PostgreSQL role without write grants instead)"
+        );
+        anyhow::ensure!(
+            Path::new(spec).is_file(),
+            "--read-only: no store database at {spec} (a read-only store is never created)"
         );
     }
     let (gateway, llm_note) = match (&args.llm, args.upstream.http()) {
@@ -226,6 +273,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     rt.block_on(async {
         let store: Arc<dyn LightningStore> = match &args.db {
+            Some(spec) if is_postgres_url(spec) => {
+                let options = PostgresOptions {
+                    scan_debounce_seconds: args.scan_debounce,
+                    ..PostgresOptions::default()
+                };
+                Arc::new(open_postgres(spec, options).await?)
+            }
             Some(path) => {
                 let options = if args.read_only {
                     // The watchdog would time out and requeue rollouts: off, as for inspect.
@@ -244,7 +298,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 };
                 Arc::new(
                     SqliteLightningStore::open_with(path, options)
-                        .with_context(|| format!("opening the SQLite store {}", path.display()))?,
+                        .with_context(|| format!("opening the SQLite store {path}"))?,
                 )
             }
             None => Arc::new(InMemoryLightningStore::with_scan_debounce_seconds(
@@ -252,8 +306,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )),
         };
         let backend = args.db.as_ref().map_or("memory".to_string(), |p| {
+            if is_postgres_url(p) {
+                return format!("PostgreSQL {}", redacted(p));
+            }
             let mode = if args.read_only { ", read-only" } else { "" };
-            format!("SQLite {}{mode}", p.display())
+            format!("SQLite {p}{mode}")
         });
         agl_server::server::serve_until_signal(store, config, gateway, |addr| {
             use std::io::Write;

@@ -104,9 +104,14 @@ pub struct TrainArgs {
     /// Write learning curves (reward, violation rate, accuracy) of the runs as SVG here.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
-    /// Where rollouts, attempts and spans live: `memory` (lost at exit) or a SQLite database
-    /// path (created if missing; inspect it afterwards with `agl store inspect PATH`).
-    #[arg(long, default_value = "memory", value_name = "memory|PATH.sqlite")]
+    /// Where rollouts, attempts and spans live: `memory` (lost at exit), a SQLite database
+    /// path (created if missing; inspect it afterwards with `agl store inspect PATH`), or a
+    /// PostgreSQL URL `postgres://USER@HOST[:PORT]/DB[?partition=NAME]`.
+    #[arg(
+        long,
+        default_value = "memory",
+        value_name = "memory|PATH.sqlite|postgres://…"
+    )]
     store: String,
     /// Statement time limit in seconds.
     #[arg(long, default_value_t = 2.0)]
@@ -456,10 +461,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 (Arc::new(client), None)
             }
             None => {
-                let store = {
-                    let _runtime = rt.enter();
-                    crate::store_cmd::open_store(&args.store)?
-                };
+                let store = crate::store_cmd::open_store(&args.store, &rt)?;
                 let server = if args.runner_processes > 0 {
                     let config = agl_server::ServerConfig {
                         port: 0,

@@ -817,11 +817,11 @@ fn runtime() -> Result<tokio::runtime::Runtime, TestCaseError> {
 
 /// Runs `ops` on a fresh store from `make`, checking every invariant after every operation.
 fn check_sequence<S: LightningStore>(
-    make: impl Fn() -> S,
+    make: impl AsyncFn() -> S,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     runtime()?.block_on(async {
-        let store = make();
+        let store = make().await;
         let mut model = Model::default();
         let mut prev = snapshot(&store).await?;
         check_invariants(&prev, &model)?;
@@ -903,13 +903,13 @@ impl Drain {
 /// Enqueues `k` rollouts with `max_attempts = m`, `retry_condition = [failed]`; workers
 /// dequeue and fail every attempt in the interleaving `steps` gives, then drain the rest.
 fn check_drain<S: LightningStore>(
-    make: impl Fn() -> S,
+    make: impl AsyncFn() -> S,
     k: usize,
     m: u32,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
     runtime()?.block_on(async {
-        let store = make();
+        let store = make().await;
         let config = RolloutConfig {
             max_attempts: m,
             retry_condition: vec![AttemptStatus::Failed],
@@ -1106,7 +1106,7 @@ proptest! {
 
     #[test]
     fn memory_sequences_keep_every_invariant(ops in proptest::collection::vec(op(), 1..=60)) {
-        check_sequence(memory, &ops)?;
+        check_sequence(async || memory(), &ops)?;
     }
 
     #[test]
@@ -1115,7 +1115,7 @@ proptest! {
         m in 1u32..=4,
         steps in proptest::collection::vec(step(), 0..80),
     ) {
-        check_drain(memory, k, m, &steps)?;
+        check_drain(async || memory(), k, m, &steps)?;
     }
 }
 
@@ -1125,7 +1125,7 @@ proptest! {
     #[test]
     fn sqlite_sequences_keep_every_invariant(ops in proptest::collection::vec(op(), 1..=60)) {
         let factory = SqliteFactory::new();
-        check_sequence(|| factory.make(), &ops)?;
+        check_sequence(async || factory.make(), &ops)?;
     }
 
     #[test]
@@ -1135,7 +1135,58 @@ proptest! {
         steps in proptest::collection::vec(step(), 0..80),
     ) {
         let factory = SqliteFactory::new();
-        check_drain(|| factory.make(), k, m, &steps)?;
+        check_drain(async || factory.make(), k, m, &steps)?;
+    }
+}
+
+/// Fresh PostgreSQL stores, one partition each, on the server of `AGL_TEST_POSTGRES_URL`
+/// (`scripts/postgres.sh` runs these tests with `--features postgres`; without the variable
+/// they fail, so a run that asked for PostgreSQL never silently tests nothing).
+#[cfg(feature = "postgres")]
+async fn postgres() -> agl_store::postgres::PostgresLightningStore {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let base = std::env::var("AGL_TEST_POSTGRES_URL")
+        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/postgres.sh");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    let partition = format!(
+        "prop_{}_{nanos}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let url = format!("{base}?partition={partition}")
+        .parse()
+        .expect("store URL");
+    agl_store::postgres::PostgresLightningStore::open(
+        &url,
+        agl_store::postgres::PostgresOptions {
+            scan_debounce_seconds: 0.0,
+            sweep_interval: None,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("open postgres store")
+}
+
+#[cfg(feature = "postgres")]
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn postgres_sequences_keep_every_invariant(ops in proptest::collection::vec(op(), 1..=60)) {
+        check_sequence(postgres, &ops)?;
+    }
+
+    #[test]
+    fn postgres_drain_ends_every_rollout_failed(
+        k in 1usize..=6,
+        m in 1u32..=4,
+        steps in proptest::collection::vec(step(), 0..80),
+    ) {
+        check_drain(postgres, k, m, &steps)?;
     }
 }
 
