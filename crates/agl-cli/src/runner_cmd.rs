@@ -33,7 +33,8 @@ use clap::Args;
 /// Arguments of `agl runner`.
 #[derive(Debug, Args)]
 pub struct RunnerArgs {
-    /// The store server, e.g. http://127.0.0.1:4747 (`agl store`).
+    /// The store server, e.g. http://127.0.0.1:4747 (`agl store`), or several servers of one
+    /// PostgreSQL store separated by commas (the next takes over when one stops answering).
     #[arg(long, value_name = "URL")]
     store_url: String,
     /// Worker threads in this process.

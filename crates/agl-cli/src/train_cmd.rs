@@ -118,6 +118,7 @@ pub struct TrainArgs {
     sql_timeout: f64,
     /// Use a remote store server (`agl store`) instead of `--store`; runner processes started
     /// with `agl runner --store-url URL` serve its rollouts (with `--workers 0`, only they do).
+    /// Several servers of one PostgreSQL store may be listed, separated by commas.
     #[arg(long, value_name = "URL")]
     store_url: Option<String>,
     /// Spawn N `agl runner` processes (each with `--workers` workers) to run the rollouts

@@ -46,6 +46,16 @@
 //! applied: re-sending an enqueue could create a duplicate rollout (the same caveat as upstream
 //! Q3, where the Python client re-sends on every 5xx). A 4xx is never retried.
 //!
+//! # Several servers
+//!
+//! The URL may list several `agl store` servers of one shared store (PostgreSQL), separated
+//! by commas: `http://a:4747,http://b:4747`. Requests go to one server at a time, the first
+//! to begin with. When it does not answer (connection refused or reset, timeout) or answers
+//! 503, the next one in the list takes over for this request's retries and for every later
+//! request. The retry rules above still decide whether *this* request is sent again: a state
+//! change whose server died before answering is not re-sent (it may have been committed), the
+//! caller gets the error and its next call goes to the next server.
+//!
 //! # Errors
 //!
 //! * An error body in the server's catalogue ([`ApiError`]) becomes the matching
@@ -74,7 +84,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agl_core::{
@@ -187,6 +197,15 @@ enum Failure {
 }
 
 impl Failure {
+    /// No answer, or a 503 (the server is shutting down or its store is closed): with
+    /// several servers, the next one takes over.
+    fn is_server_down(&self) -> bool {
+        match self {
+            Failure::Transport(e) => !e.is_builder() && !e.is_decode(),
+            Failure::Status(s, _) => *s == StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
     fn retryable(&self, retry: Retry) -> bool {
         match (self, retry) {
             (Failure::Transport(e), Retry::Safe) => !e.is_builder() && !e.is_decode(),
@@ -215,16 +234,56 @@ struct UpdateWorkerBody {
 /// behind an `Arc` rather than creating one per task.
 pub struct StoreClient {
     http: reqwest::Client,
-    base_url: String,
-    api_root: String,
+    /// The servers, in the order given; requests go to `servers[current]`.
+    servers: Vec<Server>,
+    current: AtomicUsize,
     options: ClientOptions,
     closed: AtomicBool,
+}
+
+/// One server of a [`StoreClient`].
+#[derive(Debug, Clone)]
+struct Server {
+    base_url: String,
+    api_root: String,
+}
+
+/// Checks one server URL and returns it without a trailing `/`.
+fn parse_base_url(base_url: &str) -> Result<String, ServerError> {
+    let trimmed = base_url.trim().trim_end_matches('/');
+    let parsed = reqwest::Url::parse(trimmed).map_err(|e| {
+        ServerError::Config(format!("store server URL `{base_url}` is invalid: {e}"))
+    })?;
+    if parsed.scheme() != "http" {
+        return Err(ServerError::Config(format!(
+            "store server URL `{base_url}`: scheme `{}` is not supported (only http://)",
+            parsed.scheme()
+        )));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(ServerError::Config(format!(
+            "store server URL `{base_url}` has no host"
+        )));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(ServerError::Config(format!(
+            "store server URL `{base_url}` must not have a query or fragment"
+        )));
+    }
+    Ok(trimmed.to_string())
 }
 
 impl fmt::Debug for StoreClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoreClient")
-            .field("base_url", &self.base_url)
+            .field(
+                "servers",
+                &self
+                    .servers
+                    .iter()
+                    .map(|s| s.base_url.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .field("options", &self.options)
             .field("closed", &self.closed.load(Ordering::Relaxed))
             .finish()
@@ -314,26 +373,16 @@ impl StoreClient {
         base_url: &str,
         options: ClientOptions,
     ) -> Result<StoreClient, ServerError> {
-        let trimmed = base_url.trim().trim_end_matches('/');
-        let parsed = reqwest::Url::parse(trimmed).map_err(|e| {
-            ServerError::Config(format!("store server URL `{base_url}` is invalid: {e}"))
-        })?;
-        if parsed.scheme() != "http" {
-            return Err(ServerError::Config(format!(
-                "store server URL `{base_url}`: scheme `{}` is not supported (only http://)",
-                parsed.scheme()
-            )));
-        }
-        if parsed.host_str().is_none_or(str::is_empty) {
-            return Err(ServerError::Config(format!(
-                "store server URL `{base_url}` has no host"
-            )));
-        }
-        if parsed.query().is_some() || parsed.fragment().is_some() {
-            return Err(ServerError::Config(format!(
-                "store server URL `{base_url}` must not have a query or fragment"
-            )));
-        }
+        let servers = base_url
+            .split(',')
+            .map(|one| {
+                let base_url = parse_base_url(one)?;
+                Ok(Server {
+                    api_root: format!("{base_url}/v1/agl"),
+                    base_url,
+                })
+            })
+            .collect::<Result<Vec<_>, ServerError>>()?;
         let mut headers = HeaderMap::new();
         if let Some(token) = &options.auth_token {
             if token.is_empty() {
@@ -359,19 +408,42 @@ impl StoreClient {
             .map_err(|e| {
                 ServerError::Config(format!("cannot build the HTTP client: {}", error_chain(&e)))
             })?;
-        let base_url = trimmed.to_string();
         Ok(StoreClient {
             http,
-            api_root: format!("{base_url}/v1/agl"),
-            base_url,
+            servers,
+            current: AtomicUsize::new(0),
             options,
             closed: AtomicBool::new(false),
         })
     }
 
-    /// The server's base URL as given, without a trailing `/` (e.g. `http://127.0.0.1:4747`).
+    /// The base URL of the server requests go to now, as given, without a trailing `/`
+    /// (e.g. `http://127.0.0.1:4747`).
     pub fn base_url(&self) -> &str {
-        &self.base_url
+        &self.server().1.base_url
+    }
+
+    /// Every server's base URL, in the order given.
+    pub fn base_urls(&self) -> Vec<&str> {
+        self.servers.iter().map(|s| s.base_url.as_str()).collect()
+    }
+
+    /// The server requests go to now, with its index.
+    fn server(&self) -> (usize, &Server) {
+        let i = self.current.load(Ordering::Acquire) % self.servers.len().max(1);
+        // `servers` is never empty: `with_options` parsed at least one URL.
+        (i, &self.servers[i])
+    }
+
+    /// After a failure on server `failed`: the next server takes the requests (unless another
+    /// request already moved on).
+    fn fail_over(&self, failed: usize) {
+        if self.servers.len() > 1 {
+            let next = (failed + 1) % self.servers.len();
+            let _ =
+                self.current
+                    .compare_exchange(failed, next, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 
     /// The options this client was built with.
@@ -382,7 +454,7 @@ impl StoreClient {
     /// The URL of `path` under the API root: `path` starts with `/` and its id segments are
     /// already encoded with [`encode_path_segment`].
     pub fn endpoint(&self, path: &str) -> String {
-        format!("{}{path}", self.api_root)
+        format!("{}{path}", self.server().1.api_root)
     }
 
     /// `GET /v1/agl/health`: `Ok` when the server answers `{"status": "ok"}` (retried like
@@ -394,7 +466,8 @@ impl StoreClient {
         } else {
             Err(StoreError::Backend(format!(
                 "store server {} reports status `{}`",
-                self.base_url, h.status
+                self.base_url(),
+                h.status
             )))
         }
     }
@@ -434,9 +507,10 @@ impl StoreClient {
         timeout: Option<Duration>,
     ) -> Result<T, StoreError> {
         self.check_open()?;
-        let url = self.endpoint(path);
         let mut tries: u32 = 0;
         loop {
+            let (server, target) = self.server();
+            let url = format!("{}{path}", target.api_root);
             let failure = match self
                 .try_once(method.clone(), &url, body.clone(), timeout)
                 .await
@@ -451,6 +525,9 @@ impl StoreClient {
                 }
                 Err(f) => f,
             };
+            if failure.is_server_down() {
+                self.fail_over(server);
+            }
             if tries < self.options.retries && failure.retryable(retry) {
                 let pause = self.options.backoff(tries);
                 tries += 1;
@@ -468,7 +545,7 @@ impl StoreClient {
                 }
                 Failure::Transport(e) => StoreError::Backend(
                     ServerError::Unreachable {
-                        url: self.base_url.clone(),
+                        url: target.base_url.clone(),
                         message: format!(
                             "{method} {url} failed after {} tr{}: {}",
                             tries + 1,
@@ -887,6 +964,28 @@ mod tests {
                 "{bad:?} accepted"
             );
         }
+    }
+
+    #[test]
+    fn a_server_list_fails_over_in_order_and_every_entry_is_checked() {
+        let c = StoreClient::new("http://a:1/, http://b:2").unwrap();
+        assert_eq!(c.base_urls(), ["http://a:1", "http://b:2"]);
+        assert_eq!(c.endpoint("/health"), "http://a:1/v1/agl/health");
+        c.fail_over(0);
+        assert_eq!(c.base_url(), "http://b:2");
+        // A request that failed on `a` after another already moved on changes nothing.
+        c.fail_over(0);
+        assert_eq!(c.base_url(), "http://b:2");
+        c.fail_over(1);
+        assert_eq!(c.base_url(), "http://a:1");
+        let e = StoreClient::new("http://a:1,https://b:2")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("https://b:2"), "{e}");
+        assert!(StoreClient::new("http://a:1,").is_err(), "an empty entry");
+        let single = StoreClient::new("http://a:1").unwrap();
+        single.fail_over(0);
+        assert_eq!(single.base_url(), "http://a:1");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The PostgreSQL backend against a real server: `scripts/postgres.sh` starts a throwaway
 //! cluster and runs these tests with `AGL_TEST_POSTGRES_URL` set (they fail without it: the
-//! `postgres` feature was asked for, so skipping would hide that nothing ran).
+//! `postgres-tests` feature was asked for, so skipping would hide that nothing ran).
 
 use agl_store::LightningStore;
 use agl_store::conformance::CASES;

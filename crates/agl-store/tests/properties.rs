@@ -1140,9 +1140,9 @@ proptest! {
 }
 
 /// Fresh PostgreSQL stores, one partition each, on the server of `AGL_TEST_POSTGRES_URL`
-/// (`scripts/postgres.sh` runs these tests with `--features postgres`; without the variable
+/// (`scripts/postgres.sh` runs these tests with `--features postgres-tests`; without the variable
 /// they fail, so a run that asked for PostgreSQL never silently tests nothing).
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres-tests")]
 async fn postgres() -> agl_store::postgres::PostgresLightningStore {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let base = std::env::var("AGL_TEST_POSTGRES_URL")
@@ -1171,7 +1171,7 @@ async fn postgres() -> agl_store::postgres::PostgresLightningStore {
     .expect("open postgres store")
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "postgres-tests")]
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
