@@ -466,8 +466,10 @@ pub async fn timeout_watchdog(store: &dyn LightningStore) -> CaseResult {
 /// unresponsive_seconds tiny: attempt → unresponsive, rollout requeuing; a late span revives
 /// both (Q5 recovery) and the stale queue entry is skipped.
 pub async fn unresponsive_recovers(store: &dyn LightningStore) -> CaseResult {
+    // 0.25 s: the checks after the revival must run before the revived attempt goes quiet
+    // again, on a loaded machine and over a network database too.
     let config = RolloutConfig {
-        unresponsive_seconds: Some(0.05),
+        unresponsive_seconds: Some(0.25),
         ..retry(2, &[AttemptStatus::Unresponsive])
     };
     let r = store
@@ -481,7 +483,7 @@ pub async fn unresponsive_recovers(store: &dyn LightningStore) -> CaseResult {
         .ctx("dequeue")?
         .ctx("dequeue")?;
     let aid = d.attempt.attempt_id;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(450)).await;
     let rollout = store.get_rollout_by_id(&rid).await.ctx("get")?.ctx("get")?;
     ensure_eq!(
         rollout.status,

@@ -18,14 +18,15 @@
 //! nothing it acknowledged (tested with SIGKILL in `crates/agl-cli/tests/postgres_servers.rs`).
 //!
 //! Costs: an operation is one transaction of a few statements (prepared once per pooled
-//! connection). `query_rollouts` pre-selects by `rollout_id_in` or `status_in` and otherwise
-//! reads every rollout of the partition, then filters, sorts and pages in the process like
-//! the in-memory backend (the SQLite backend's index walk is not ported yet), so the
-//! dashboard's rollout pages grow with the store.
+//! connection). `query_rollouts` is one count and one page statement (`select`), the page's
+//! latest attempts joined in; PostgreSQL's planner chooses among the indexes the schema
+//! creates for the dashboard's orders. Only sorts by `input`, `config` or `metadata` read every
+//! candidate into the process.
 
 mod ops;
 mod rows;
 pub mod schema;
+mod select;
 mod store;
 pub mod url;
 

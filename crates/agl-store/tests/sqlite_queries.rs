@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! `query_rollouts` of the SQLite backend, which answers in SQL (indexes, counts, status
-//! groups), checked against the definition of [`agl_store::query`]: for every combination of
+//! groups), and of the PostgreSQL backend (feature `postgres-tests`), checked against the definition of [`agl_store::query`]: for every combination of
 //! conditions, sort field, direction and window, the page must equal [`query::finish`] over
 //! the rollouts that [`Matches`] selects, in creation order. The store holds many ties (a
 //! batch enqueued together shares its `start_time`; statuses, modes, `resources_id` and inputs
@@ -39,7 +39,7 @@ fn attempt(status: AttemptStatus) -> AttemptUpdate {
 }
 
 /// A store of 130 rollouts in every status, and their ids in creation order.
-async fn populated(store: &SqliteLightningStore) -> Vec<String> {
+async fn populated(store: &dyn LightningStore) -> Vec<String> {
     let mut ids = Vec::new();
     let first: Vec<_> = (0..60).map(request).collect();
     ids.extend(
@@ -338,7 +338,34 @@ async fn pages_equal_the_query_definition() {
         },
     )
     .unwrap();
-    let ids = populated(&store).await;
+    check_pages(&store).await;
+}
+
+/// The same on PostgreSQL, whose `query_rollouts` is SQL too (`scripts/postgres.sh` runs it).
+#[cfg(feature = "postgres-tests")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pages_equal_the_query_definition() {
+    let base = std::env::var("AGL_TEST_POSTGRES_URL")
+        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/postgres.sh");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let url = format!("{base}?partition=pages_{}_{nanos}", std::process::id())
+        .parse()
+        .unwrap();
+    let options = agl_store::postgres::PostgresOptions {
+        sweep_interval: None,
+        ..Default::default()
+    };
+    let store = agl_store::postgres::PostgresLightningStore::open(&url, options)
+        .await
+        .unwrap();
+    check_pages(&store).await;
+}
+
+async fn check_pages(store: &dyn LightningStore) {
+    let ids = populated(store).await;
     let all: Vec<AnyRollout> = store
         .query_rollouts(RolloutQuery::all())
         .await

@@ -46,6 +46,7 @@ use super::rows::{
     WORKER_COLUMNS, decode_attempt, decode_attempt_at, decode_resources, decode_rollout,
     decode_span, decode_worker, describe, is_retryable,
 };
+use super::select;
 use crate::codec::{opt_json, to_json};
 use crate::error::StoreError;
 use crate::lifecycle::{self, RolloutChange};
@@ -785,14 +786,71 @@ impl<'c> Tx<'c> {
         }
     }
 
-    /// `query_rollouts`: candidates pre-selected through the indexes by `rollout_id_in` or
-    /// `status_in` (AND logic only, where they must hold), then [`Matches`] and
-    /// [`query::finish`]; only the page's rows get their latest attempts.
+    /// `query_rollouts`: the page and `total` from SQL (sibling `select` module), the page's
+    /// rows read with their latest attempts in one join. Sorts by a JSON field go through
+    /// [`Self::query_rollouts_decoded`].
     pub(crate) async fn query_rollouts(
         &self,
         q: &RolloutQuery,
     ) -> Result<Paginated<AnyRollout>, StoreError> {
         query::validate_sort::<Rollout>(&q.sort)?;
+        let Some(plan) = select::plan(q) else {
+            return self.query_rollouts_decoded(q).await;
+        };
+        let mut params: Vec<&(dyn ToSql + Sync)> =
+            plan.params.iter().map(select::Param::as_sql).collect();
+        let count_sql = format!("SELECT count(*) FROM rollouts r WHERE {}", plan.condition);
+        let total: i64 = match self.row(&count_sql, &params, "count rollouts").await? {
+            Some(r) => r.try_get(0).map_err(self.pg("count rollouts"))?,
+            None => 0,
+        };
+        let limit: Option<i64> = q.window.limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+        let offset = i64::try_from(q.window.offset).unwrap_or(i64::MAX);
+        params.push(&limit);
+        params.push(&offset);
+        let n = plan.next_param();
+        let page_sql = format!(
+            "SELECT {}, {} FROM rollouts r LEFT JOIN attempts a ON a.rollout_seq = r.seq \
+             AND a.sequence_id = r.attempt_count WHERE {} ORDER BY {} LIMIT ${n} OFFSET ${}",
+            prefixed("r", ROLLOUT_COLUMNS),
+            prefixed("a", ATTEMPT_COLUMNS),
+            plan.condition,
+            plan.order,
+            n + 1
+        );
+        let mut items = Vec::new();
+        for r in self.rows(&page_sql, &params, "select rollouts").await? {
+            let row = decode_rollout(&r)?;
+            let has_attempt = r
+                .try_get::<_, Option<i64>>(ROLLOUT_COLUMN_COUNT)
+                .map_err(self.pg("select rollouts"))?
+                .is_some();
+            items.push(if has_attempt {
+                let (_, attempt) = decode_attempt_at(&r, ROLLOUT_COLUMN_COUNT)?;
+                AnyRollout::Attempted(AttemptedRollout {
+                    rollout: row.rollout,
+                    attempt,
+                })
+            } else {
+                AnyRollout::Plain(row.rollout)
+            });
+        }
+        Ok(Paginated {
+            items,
+            limit: q.window.wire_limit(),
+            offset: q.window.offset,
+            total: u64::try_from(total).unwrap_or(0),
+        })
+    }
+
+    /// `query_rollouts` over decoded rows, for the sorts SQL cannot reproduce (`input`,
+    /// `config`, `metadata`): candidates pre-selected through the indexes by `rollout_id_in`
+    /// or `status_in` (AND logic only, where they must hold), then [`Matches`] and
+    /// [`query::finish`]; only the page's rows get their latest attempts.
+    async fn query_rollouts_decoded(
+        &self,
+        q: &RolloutQuery,
+    ) -> Result<Paginated<AnyRollout>, StoreError> {
         let and = q.filter_logic == FilterLogic::And;
         let candidates: Vec<Row> = match (&q.rollout_id_in, &q.status_in) {
             (Some(ids), _) if and => {
