@@ -2,14 +2,15 @@
 //!
 //! Responsible for running every operation of one [`super::SqliteLightningStore`] on a
 //! dedicated OS thread that owns the `rusqlite::Connection`. Operations arrive on a channel;
-//! the thread takes every operation waiting (up to [`MAX_BATCH`]), opens one
-//! `BEGIN IMMEDIATE` transaction, runs the operations, commits once, and only then answers the
-//! callers. So every operation is acknowledged only once durable, while concurrent callers
+//! the thread takes every operation waiting, opens one `BEGIN IMMEDIATE` transaction, runs
+//! the operations and those that arrived while they ran (up to [`MAX_BATCH`] in all), commits
+//! once, and only then answers the callers. So every operation is acknowledged only once durable, while concurrent callers
 //! share one commit (group commit); atomicity per operation is explained at `run_op`. Also
 //! responsible for waking `wait_for_rollouts` after a commit that finished a rollout, for the
 //! background checkpointer thread, and for the `TRUNCATE` checkpoint on close. Not responsible
 //! for any store rule (see the sibling `db` module).
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -175,9 +176,24 @@ fn run_op<T>(
 }
 
 /// Runs jobs in transactions (normally one) and answers each job after its commit.
-fn run_batch(ctx: &mut Ctx, jobs: &mut Vec<Box<dyn Job>>, finished: &watch::Sender<u64>) {
-    let mut pending = jobs.drain(..).peekable();
-    while pending.peek().is_some() {
+///
+/// Before committing, the transaction also runs the jobs that arrived while it ran (`more`
+/// gives them, until it returns `None`): they would otherwise wait for this commit and then
+/// pay for one of their own, so a busy store commits less often for the same work.
+fn run_batch(
+    ctx: &mut Ctx,
+    jobs: &mut Vec<Box<dyn Job>>,
+    finished: &watch::Sender<u64>,
+    more: &mut dyn FnMut() -> Option<Box<dyn Job>>,
+) {
+    let mut pending = VecDeque::from(std::mem::take(jobs));
+    loop {
+        if pending.is_empty() {
+            match more() {
+                Some(job) => pending.push_back(job),
+                None => return,
+            }
+        }
         if !ctx.is_autocommit() {
             // A previous failure left a transaction open; start clean.
             let _ = ctx.exec("ROLLBACK");
@@ -191,7 +207,7 @@ fn run_batch(ctx: &mut Ctx, jobs: &mut Vec<Box<dyn Job>>, finished: &watch::Send
         ctx.finished = false;
         ctx.poisoned = None;
         let mut answers: Vec<Box<dyn Answer>> = Vec::new();
-        for job in pending.by_ref() {
+        while let Some(job) = pending.pop_front().or_else(&mut *more) {
             answers.push(job.run(ctx));
             if ctx.poisoned.is_some() {
                 // The rest of the batch goes into a fresh transaction.
@@ -215,6 +231,9 @@ fn run_batch(ctx: &mut Ctx, jobs: &mut Vec<Box<dyn Job>>, finished: &watch::Send
         }
         for answer in answers {
             answer.send(commit.as_ref().map(|_| ()));
+        }
+        if pending.is_empty() {
+            return;
         }
     }
 }
@@ -242,7 +261,24 @@ pub(crate) fn run(
             }
         }
         if !jobs.is_empty() {
-            run_batch(&mut ctx, &mut jobs, &finished);
+            let mut taken = jobs.len();
+            let mut more = || {
+                if close.is_some() || taken >= MAX_BATCH {
+                    return None;
+                }
+                match rx.try_recv() {
+                    Ok(Msg::Job(job)) => {
+                        taken += 1;
+                        Some(job)
+                    }
+                    Ok(Msg::Close(reply)) => {
+                        close = Some(reply);
+                        None
+                    }
+                    Err(_) => None,
+                }
+            };
+            run_batch(&mut ctx, &mut jobs, &finished, &mut more);
         }
         if let Some(reply) = close {
             checkpointer.stop();
@@ -313,7 +349,7 @@ mod tests {
         });
         let (c, c_rx) = job(enqueue);
         let mut jobs = vec![a, b, c];
-        run_batch(&mut ctx, &mut jobs, &finished);
+        run_batch(&mut ctx, &mut jobs, &finished, &mut || None);
         // `a` shared the rolled-back transaction: it is told so, and its rollout is gone.
         let a_err = a_rx.blocking_recv().unwrap().unwrap_err().to_string();
         assert!(
@@ -339,7 +375,7 @@ mod tests {
         let (b, b_rx) = job(|ctx, now| ctx.start_attempt("ro-missing", None, now));
         let (c, c_rx) = job(enqueue);
         let mut jobs = vec![a, b, c];
-        run_batch(&mut ctx, &mut jobs, &finished);
+        run_batch(&mut ctx, &mut jobs, &finished, &mut || None);
         assert!(a_rx.blocking_recv().unwrap().is_ok());
         assert!(matches!(
             b_rx.blocking_recv().unwrap(),
@@ -367,7 +403,7 @@ mod tests {
             )
         });
         let mut jobs = vec![a];
-        run_batch(&mut ctx, &mut jobs, &finished);
+        run_batch(&mut ctx, &mut jobs, &finished, &mut || None);
         assert!(a_rx.blocking_recv().unwrap().is_ok());
         assert!(seen.has_changed().unwrap());
         assert_eq!(*seen.borrow_and_update(), 1);
