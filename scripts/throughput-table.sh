@@ -3,8 +3,8 @@
 # v0.3.0's own server, side by side in ONE invocation (same machine, same load), as Markdown.
 #
 # Usage: scripts/throughput-table.sh [extra `agl bench server` arguments]
-#   Without arguments: --rollouts 10000 --agentlightning-rollouts 1000 (the README's run, about
-#   10 minutes on 2 cores); any arguments replace these two, e.g. --rollouts 2000 --json.
+#   Without arguments: --rollouts 5000 --agentlightning-rollouts 500 (the README's run, a few
+#   minutes on 2 cores); any arguments replace these two, e.g. --rollouts 2000 --json.
 #
 # Rows, each at 8 and 64 clients, each over a fresh store: memory, sqlite, postgres (one
 # in-process server over a throwaway PostgreSQL cluster from scripts/postgres.sh), postgres ×2
@@ -36,7 +36,7 @@ source "$ROOT/scripts/lib/common.sh"
 
 EXTRA=("$@")
 if [ "${#EXTRA[@]}" -eq 0 ]; then
-    EXTRA=(--rollouts 10000 --agentlightning-rollouts 1000)
+    EXTRA=(--rollouts 5000 --agentlightning-rollouts 500)
 fi
 case " ${EXTRA[*]} " in
     *" --json "*) ;;

@@ -26,7 +26,10 @@
 //!    the ids, as Agent Lightning's runner tracers export (200, no rejected spans);
 //! 6. `POST /v1/agl/rollouts/{rid}/attempts/{aid}` `{"status":"succeeded"}` (200);
 //! 7. `POST /v1/agl/spans/search` `{"rollout_id"}`, which must return exactly `--spans` spans:
-//!    a wrong count, an unexpected status or an empty dequeue stops the benchmark with an error.
+//!    a wrong count or an unexpected status stops the benchmark with an error. An empty dequeue
+//!    is asked again every millisecond (PostgreSQL's `SKIP LOCKED` may answer empty while other
+//!    servers' dequeues hold the queued rows) for at most 10 s, then is an error; the JSON
+//!    `empty_dequeues` counts them.
 //!
 //! Agent Lightning v0.3.0's server answers every request of this cycle as agl's does.
 //!
@@ -90,6 +93,9 @@ use tokio::sync::Barrier;
 
 /// Worker threads of the in-process server's runtime.
 const SERVER_WORKER_THREADS: usize = 2;
+
+/// Longest a client asks again after empty dequeues before the benchmark gives up.
+const EMPTY_DEQUEUE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Longest one request may take before the benchmark gives up, seconds.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -505,6 +511,8 @@ struct Row {
     spans_per_rollout: usize,
     /// HTTP requests timed (health checks excluded).
     requests: usize,
+    /// Dequeues that came back empty and were asked again (PostgreSQL's SKIP LOCKED).
+    empty_dequeues: usize,
     seconds: f64,
     rollouts_per_second: f64,
     spans_per_second: f64,
@@ -636,34 +644,48 @@ impl Target {
         )
         .await?;
 
+        // A PostgreSQL dequeue skips rows other servers' dequeues hold locked (FOR UPDATE SKIP
+        // LOCKED), so it may answer empty while this client's rollout is being claimed by
+        // another: ask again, as a runner polls, for at most EMPTY_DEQUEUE_PATIENCE.
         let body = json!({"limit": 1, "worker_id": worker});
-        let answer = self
-            .send(
-                self.post("/v1/agl/queues/rollouts/dequeue").json(&body),
-                Endpoint::Dequeue,
-                StatusCode::OK,
-                samples,
-            )
-            .await?;
-        let dequeued: Vec<Dequeued> = serde_json::from_slice(&answer).with_context(|| {
-            format!(
-                "the answer of POST /v1/agl/queues/rollouts/dequeue is not a list of attempted \
-                 rollouts: {}",
-                snippet(&answer)
-            )
-        })?;
-        let Some(Dequeued {
-            rollout_id: rid,
-            attempt: DequeuedAttempt { attempt_id: aid },
-        }) = dequeued.into_iter().next()
-        else {
-            if self.remote {
+        let first_ask = Instant::now();
+        let (rid, aid) = loop {
+            let answer = self
+                .send(
+                    self.post("/v1/agl/queues/rollouts/dequeue").json(&body),
+                    Endpoint::Dequeue,
+                    StatusCode::OK,
+                    samples,
+                )
+                .await?;
+            let dequeued: Vec<Dequeued> = serde_json::from_slice(&answer).with_context(|| {
+                format!(
+                    "the answer of POST /v1/agl/queues/rollouts/dequeue is not a list of \
+                     attempted rollouts: {}",
+                    snippet(&answer)
+                )
+            })?;
+            if let Some(Dequeued {
+                rollout_id,
+                attempt: DequeuedAttempt { attempt_id },
+            }) = dequeued.into_iter().next()
+            {
+                break (rollout_id, attempt_id);
+            }
+            if first_ask.elapsed() > EMPTY_DEQUEUE_PATIENCE {
+                if self.remote {
+                    bail!(
+                        "the queue stayed empty for {} s after an enqueue (does another \
+                         consumer dequeue from this store?)",
+                        EMPTY_DEQUEUE_PATIENCE.as_secs()
+                    );
+                }
                 bail!(
-                    "the queue was empty right after an enqueue (does another consumer dequeue \
-                     from this store?)"
+                    "the queue stayed empty for {} s after an enqueue",
+                    EMPTY_DEQUEUE_PATIENCE.as_secs()
                 );
             }
-            bail!("the queue was empty right after an enqueue");
+            tokio::time::sleep(Duration::from_millis(1)).await;
         };
 
         let body = json!({"rollout_id": rid, "attempt_id": aid});
@@ -992,6 +1014,9 @@ fn run_row(
     let seconds = seconds.max(f64::MIN_POSITIVE);
     let mut endpoints = Vec::new();
     let mut requests = 0usize;
+    let empty_dequeues = samples
+        .get(Endpoint::Dequeue.index())
+        .map_or(0, |s| s.len().saturating_sub(completed));
     for (ep, s) in Endpoint::ALL.iter().zip(samples) {
         if s.is_empty() {
             continue;
@@ -1015,6 +1040,7 @@ fn run_row(
         rollouts: completed,
         spans_per_rollout: args.spans,
         requests,
+        empty_dequeues,
         seconds,
         rollouts_per_second: completed as f64 / seconds,
         spans_per_second: (completed * args.spans) as f64 / seconds,
