@@ -1,6 +1,7 @@
 //! `agl bench server` end to end: the JSON report has one row per backend and client count,
 //! every cycle completed, and every endpoint of the cycle was called as often as the cycle
-//! says; `--rest-batch` and `--url` change what is sent and where; bad input is one line.
+//! says; `--rest-batch` and `--url` change what is sent and where; bad input is one line. The
+//! PostgreSQL rows run only under `scripts/postgres.sh` (AGL_TEST_POSTGRES_URL).
 //! No timing assertions.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -232,5 +233,88 @@ fn unreachable_url_and_zero_clients_are_one_line_errors() {
         assert_eq!(lines.len(), 1, "{args:?}: expected one line, got: {err}");
         assert!(lines[0].contains(needle), "{err:?} should mention {needle}");
         assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// PostgreSQL behind one and two servers, against the cluster of `scripts/postgres.sh`
+/// (`scripts/postgres.sh -- cargo test -p agl-cli --test bench_server postgres`); skipped
+/// without AGL_TEST_POSTGRES_URL.
+#[test]
+fn postgres_rows_with_one_and_two_servers_complete_every_cycle() {
+    let Ok(url) = std::env::var("AGL_TEST_POSTGRES_URL") else {
+        eprintln!("skipped: AGL_TEST_POSTGRES_URL is not set (run under scripts/postgres.sh)");
+        return;
+    };
+    let o = bench(&[
+        "--backend",
+        "postgres,postgres-2",
+        "--postgres-url",
+        &url,
+        "--rollouts",
+        "60",
+        "--clients",
+        "4",
+        "--json",
+    ]);
+    let report = json_report(&o);
+    let command = report["command"].as_str().unwrap();
+    assert!(
+        command.contains("--backend postgres,postgres-2 --postgres-url postgres://"),
+        "{command}"
+    );
+    let rows = report["rows"].as_array().unwrap();
+    let shape: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["backend"].as_str().unwrap(),
+                r["label"].as_str().unwrap(),
+                r["servers"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("postgres", "postgres", 1),
+            ("postgres-2", "postgres ×2", 2)
+        ]
+    );
+    for row in rows {
+        assert_eq!(row["rollouts"], 60, "{row}");
+        assert_eq!(row["requests"], 660, "{row}");
+    }
+}
+
+#[test]
+fn rows_without_their_settings_are_one_line_errors() {
+    for (args, needle) in [
+        (vec!["--backend", "memory,postgres"], "--postgres-url"),
+        (
+            vec!["--backend", "agentlightning"],
+            "--agentlightning-python",
+        ),
+        (
+            vec![
+                "--backend",
+                "agentlightning",
+                "--agentlightning-python",
+                "/nonexistent/python",
+            ],
+            "/nonexistent/python",
+        ),
+    ] {
+        let o = agl()
+            .args(["bench", "server", "--rollouts", "5", "--clients", "1"])
+            .args(&args)
+            .env_remove("AGL_BENCH_POSTGRES_URL")
+            .env_remove("AGL_BENCH_AGENTLIGHTNING_PYTHON")
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: expected one line, got: {err}");
+        assert!(lines[0].contains(needle), "{err:?} should mention {needle}");
     }
 }
