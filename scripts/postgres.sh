@@ -34,7 +34,8 @@ set -euo pipefail
 # The tests of the store's PostgreSQL backend (the default command; .ci/run runs it).
 DEFAULT_CMD=(bash -c 'cargo test --locked -p agl-store --features postgres-tests --lib --test postgres \
     && cargo test --locked -p agl-store --features postgres-tests --test properties --test sqlite_queries postgres_ \
-    && cargo test --locked -p agl-cli --features postgres-tests --test postgres_servers')
+    && cargo test --locked -p agl-cli --features postgres-tests --test postgres_servers \
+    && cargo test --locked -p agl-cli --features postgres-tests --test bench_server postgres_')
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_LIB=/usr/lib/postgresql
