@@ -1448,8 +1448,9 @@ pub fn run(args: &ServerBenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_table(report: &Report) {
-    println!(
+/// What every row shares: spans per rollout, how they are sent, the build and the CPUs.
+fn setup_line(report: &Report) -> String {
+    format!(
         "{} spans per rollout: {} in one OTLP request, {} over REST ({}); {} build, {} CPUs",
         report.otlp_spans_per_rollout + report.rest_spans_per_rollout,
         report.otlp_spans_per_rollout,
@@ -1465,7 +1466,11 @@ fn print_table(report: &Report) {
             "DEBUG (numbers are not representative)"
         },
         report.cpus
-    );
+    )
+}
+
+fn print_table(report: &Report) {
+    println!("{}", setup_line(report));
     println!("reproduce: {}", report.command);
     let names: Vec<&str> = report
         .rows
@@ -1548,23 +1553,7 @@ const MARKDOWN_ENDPOINTS: [(&str, &str); 4] = [
 ];
 
 fn print_markdown(report: &Report) {
-    println!(
-        "{} spans per rollout ({} in one OTLP request, {} over REST, {}); {} build, {} CPUs.",
-        report.otlp_spans_per_rollout + report.rest_spans_per_rollout,
-        report.otlp_spans_per_rollout,
-        report.rest_spans_per_rollout,
-        if report.rest_batch {
-            "one /spans/batch request"
-        } else {
-            "one request per span"
-        },
-        if report.release_build {
-            "release"
-        } else {
-            "DEBUG (numbers are not representative)"
-        },
-        report.cpus
-    );
+    println!("{}.", setup_line(report));
     println!();
     println!("Command: `{}`", report.command);
     println!();

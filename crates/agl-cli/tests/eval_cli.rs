@@ -28,7 +28,11 @@ fn bad_flags_are_one_line_errors() {
         "required arguments were not provided: --agent <AGENT>",
     );
     let o = agl(&["store", "--read-only"]);
-    assert_one_line_error(&o, 2, "required arguments were not provided: --db <PATH>");
+    assert_one_line_error(
+        &o,
+        2,
+        "required arguments were not provided: --db <PATH|postgres://…>",
+    );
     let missing = std::env::temp_dir().join(format!("agl-no-store-{}.db", std::process::id()));
     let o = agl(&["store", "--read-only", "--db", missing.to_str().unwrap()]);
     assert_one_line_failure(&o, "a read-only store is never created");

@@ -9,13 +9,13 @@
 //! benchmark workloads ([`workload`]) and, behind the `conformance` feature, the test suite
 //! every backend runs. Not responsible for HTTP, OTLP or governance; those are other crates.
 
-mod codec;
 pub mod error;
 pub mod lifecycle;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod query;
+mod sql;
 pub mod sqlite;
 pub mod store;
 pub mod sweeper;

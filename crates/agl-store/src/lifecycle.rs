@@ -71,6 +71,18 @@ pub const WATCHDOG_OPERATIONS: &[&str] = &[
 // Creation (§4.1)
 // ---------------------------------------------------------------------------------------------
 
+/// Checks every request of `enqueue_many` before any is created; an invalid one is named by
+/// its index (`rollouts[i]: …`, the JSON path of the HTTP body).
+pub fn validate_requests(requests: &[EnqueueRolloutRequest]) -> Result<(), StoreError> {
+    for (i, request) in requests.iter().enumerate() {
+        validate_request(request).map_err(|e| match e {
+            StoreError::Invalid(msg) => StoreError::Invalid(format!("rollouts[{i}]: {msg}")),
+            other => other,
+        })?;
+    }
+    Ok(())
+}
+
 /// Checks an enqueue / start request (`config.max_attempts >= 1`).
 pub fn validate_request(request: &EnqueueRolloutRequest) -> Result<(), StoreError> {
     if let Some(config) = &request.config {

@@ -399,12 +399,7 @@ impl LightningStore for InMemoryLightningStore {
         &self,
         requests: Vec<EnqueueRolloutRequest>,
     ) -> Result<Vec<Rollout>, StoreError> {
-        for (i, request) in requests.iter().enumerate() {
-            lifecycle::validate_request(request).map_err(|e| match e {
-                StoreError::Invalid(msg) => StoreError::Invalid(format!("rollouts[{i}]: {msg}")),
-                other => other,
-            })?;
-        }
+        lifecycle::validate_requests(&requests)?;
         let now = now_seconds();
         let mut state = self.lock_scanned(now);
         requests

@@ -268,13 +268,6 @@ impl SqliteLightningStore {
     }
 }
 
-fn indexed(i: usize, e: StoreError) -> StoreError {
-    match e {
-        StoreError::Invalid(msg) => StoreError::Invalid(format!("rollouts[{i}]: {msg}")),
-        other => other,
-    }
-}
-
 #[async_trait::async_trait]
 impl LightningStore for SqliteLightningStore {
     async fn enqueue_rollout(&self, request: EnqueueRolloutRequest) -> Result<Rollout, StoreError> {
@@ -287,9 +280,7 @@ impl LightningStore for SqliteLightningStore {
         &self,
         requests: Vec<EnqueueRolloutRequest>,
     ) -> Result<Vec<Rollout>, StoreError> {
-        for (i, request) in requests.iter().enumerate() {
-            lifecycle::validate_request(request).map_err(|e| indexed(i, e))?;
-        }
+        lifecycle::validate_requests(&requests)?;
         self.inner
             .call(true, move |ctx, now| {
                 requests

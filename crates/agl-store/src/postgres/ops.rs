@@ -47,20 +47,17 @@ use super::rows::{
     decode_span, decode_worker, describe, is_retryable,
 };
 use super::select;
-use crate::codec::{opt_json, to_json};
 use crate::error::StoreError;
 use crate::lifecycle::{self, RolloutChange};
 use crate::query::{
-    self, AttemptQuery, FilterLogic, Matches, Paginated, ResourcesQuery, RolloutQuery, SortKey,
-    Sortable, SpanQuery, WorkerQuery,
+    self, AttemptQuery, FilterLogic, Matches, Paginated, ResourcesQuery, RolloutQuery, SpanQuery,
+    WorkerQuery,
 };
+use crate::sql::{ByRollout, ID_ATTEMPTS, opt_json, to_json};
 use crate::store::{AttemptUpdate, RolloutUpdate, StoreStatistics};
 
 /// Statement parameters.
 type Params<'a> = [&'a (dyn ToSql + Sync)];
-
-/// Fresh ids drawn before an insert that keeps colliding is reported as a failure.
-const ID_ATTEMPTS: usize = 16;
 
 /// `agl_meta` key of the latest resources' row seq.
 const LATEST_RESOURCES: &str = "latest_resources_seq";
@@ -1440,15 +1437,4 @@ fn prefixed(alias: &str, columns: &str) -> String {
         .map(|c| format!("{alias}.{}", c.trim()))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// A rollout row sorted by its rollout's fields (for [`query::finish`]).
-struct ByRollout(RolloutRow);
-
-impl Sortable for ByRollout {
-    const FIELDS: &'static [&'static str] = <Rollout as Sortable>::FIELDS;
-
-    fn sort_key(&self, field: &str) -> Option<SortKey> {
-        self.0.rollout.sort_key(field)
-    }
 }

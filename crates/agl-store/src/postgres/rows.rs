@@ -17,6 +17,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::FromSql;
 
 use crate::error::StoreError;
+pub(crate) use crate::sql::RolloutRow;
 
 /// The SQLSTATEs after which an operation is run again from the start in a new transaction:
 /// a deadlock between two servers' transactions, a serialization failure, and a unique
@@ -110,19 +111,6 @@ fn row_id(row: &Row, i: usize, table: &str) -> Result<String, StoreError> {
 fn row_seq(row: &Row, table: &str) -> Result<i64, StoreError> {
     row.try_get(0)
         .map_err(|e| StoreError::Backend(format!("postgres table `{table}`: bad seq column: {e}")))
-}
-
-/// A row of `rollouts`: the rollout and the columns that are not part of the wire model.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RolloutRow {
-    /// Row id (creation order).
-    pub(crate) seq: i64,
-    /// The rollout.
-    pub(crate) rollout: Rollout,
-    /// Number of attempts, which is also the `sequence_id` of the latest one.
-    pub(crate) attempts: u32,
-    /// The span sequence counter of the rollout (§4.7).
-    pub(crate) span_sequence: i64,
 }
 
 /// The columns of `rollouts` decoded by [`decode_rollout`].

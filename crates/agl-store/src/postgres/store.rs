@@ -358,13 +358,6 @@ impl PostgresLightningStore {
     }
 }
 
-fn indexed(i: usize, e: StoreError) -> StoreError {
-    match e {
-        StoreError::Invalid(msg) => StoreError::Invalid(format!("rollouts[{i}]: {msg}")),
-        other => other,
-    }
-}
-
 #[async_trait::async_trait]
 impl LightningStore for PostgresLightningStore {
     async fn enqueue_rollout(&self, request: EnqueueRolloutRequest) -> Result<Rollout, StoreError> {
@@ -379,9 +372,7 @@ impl LightningStore for PostgresLightningStore {
         &self,
         requests: Vec<EnqueueRolloutRequest>,
     ) -> Result<Vec<Rollout>, StoreError> {
-        for (i, request) in requests.iter().enumerate() {
-            lifecycle::validate_request(request).map_err(|e| indexed(i, e))?;
-        }
+        lifecycle::validate_requests(&requests)?;
         self.inner.lazy_scan().await?;
         transact!(&self.inner, Kind::Write, |tx, now| {
             let mut out = Vec::with_capacity(requests.len());

@@ -30,9 +30,10 @@ use super::select::{self, Page};
 use crate::error::StoreError;
 use crate::lifecycle::{self, RolloutChange, ScanDebounce};
 use crate::query::{
-    self, AttemptQuery, FilterLogic, Matches, Paginated, ResourcesQuery, RolloutQuery, SortKey,
-    Sortable, SpanQuery, Window, WorkerQuery,
+    self, AttemptQuery, FilterLogic, Matches, Paginated, ResourcesQuery, RolloutQuery, SpanQuery,
+    Window, WorkerQuery,
 };
+use crate::sql::{ByRollout, ID_ATTEMPTS};
 use crate::store::{AttemptUpdate, RolloutUpdate, StoreStatistics};
 
 /// The `LIMIT` and `OFFSET` of a window, as bound after a page statement's parameters (`-1`:
@@ -43,9 +44,6 @@ fn window(w: Window) -> [SqlValue; 2] {
         SqlValue::Integer(i64::try_from(w.offset).unwrap_or(i64::MAX)),
     ]
 }
-
-/// Fresh ids drawn before an insert that keeps colliding is reported as a failure.
-const ID_ATTEMPTS: usize = 16;
 
 /// Collects decoded rows.
 fn collect<T>(
@@ -1396,17 +1394,6 @@ impl Ctx {
         stats.total_resources = self.count("SELECT count(*) FROM resources")?;
         stats.total_workers = self.count("SELECT count(*) FROM workers")?;
         Ok(stats)
-    }
-}
-
-/// A rollout row sorted by its rollout's fields (for [`query::finish`]).
-struct ByRollout(RolloutRow);
-
-impl Sortable for ByRollout {
-    const FIELDS: &'static [&'static str] = <Rollout as Sortable>::FIELDS;
-
-    fn sort_key(&self, field: &str) -> Option<SortKey> {
-        self.0.rollout.sort_key(field)
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn is_unique_violation(e: &rusqlite::Error) -> bool {
     })
 }
 
-pub(crate) use crate::codec::{opt_json, to_json};
+pub(crate) use crate::sql::{RolloutRow, opt_json, to_json};
 
 /// Reads the columns of one row, naming table, id and column when a value is unusable.
 struct Cols<'a, 'r> {
@@ -139,19 +139,6 @@ fn row_id(row: &Row<'_>, i: usize, table: &str) -> Result<String, StoreError> {
 fn row_seq(row: &Row<'_>, table: &str) -> Result<i64, StoreError> {
     row.get::<_, i64>(0)
         .map_err(|e| StoreError::Backend(format!("sqlite table `{table}`: bad seq column: {e}")))
-}
-
-/// A row of `rollouts`: the rollout and the columns that are not part of the wire model.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RolloutRow {
-    /// Row id (creation order).
-    pub(crate) seq: i64,
-    /// The rollout.
-    pub(crate) rollout: Rollout,
-    /// Number of attempts, which is also the `sequence_id` of the latest one.
-    pub(crate) attempts: u32,
-    /// The span sequence counter of the rollout (§4.7).
-    pub(crate) span_sequence: i64,
 }
 
 /// The `SELECT … FROM rollouts` decoded by [`decode_rollout`]; append a `WHERE`.
