@@ -118,15 +118,13 @@ pub(crate) fn plan(q: &RolloutQuery) -> Option<RolloutSql> {
         FilterLogic::And => " AND ",
         FilterLogic::Or => " OR ",
     };
-    // `coalesce`: a comparison with NULL (an unset end_time) is a non-match, never unknown.
+    // A comparison with NULL (an unset end_time or mode) is unknown, which `AND`, `OR` and
+    // `WHERE` treat as a non-match (nothing is negated), so the conditions stay bare and
+    // their columns' indexes usable.
     let condition = if conditions.is_empty() {
         "TRUE".to_string()
     } else {
-        conditions
-            .iter()
-            .map(|c| format!("coalesce({c}, FALSE)"))
-            .collect::<Vec<_>>()
-            .join(joiner)
+        conditions.join(joiner)
     };
     Some(RolloutSql {
         condition,
@@ -158,8 +156,7 @@ mod tests {
         let sql = plan(&q).unwrap();
         assert_eq!(
             sql.condition,
-            "coalesce(r.status = ANY($1), FALSE) OR coalesce(strpos(r.rollout_id, $2) > 0, \
-             FALSE) OR coalesce(r.end_time >= $3, FALSE)"
+            "r.status = ANY($1) OR strpos(r.rollout_id, $2) > 0 OR r.end_time >= $3"
         );
         assert_eq!(sql.order, "r.end_time DESC NULLS FIRST, r.seq");
         assert_eq!(sql.next_param(), 4);
