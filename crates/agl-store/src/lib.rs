@@ -1,11 +1,13 @@
-//! `agl-store`: the `LightningStore` trait, its lifecycle rules, and the in-memory and
-//! durable SQLite backends.
+//! `agl-store`: the `LightningStore` trait, its lifecycle rules, and the in-memory, durable
+//! SQLite and shared PostgreSQL backends.
 //!
 //! Responsible for the control plane of Agent Lightning v0.3 (§4 of the protocol reference):
 //! the [`LightningStore`] operations, the lifecycle rules every backend shares
 //! ([`lifecycle`]), query semantics ([`query`]), the background watchdog ([`sweeper`]), the
 //! in-memory backend ([`InMemoryLightningStore`]), the SQLite backend
-//! ([`SqliteLightningStore`]: WAL, versioned schema, one writer thread with group commit),
+//! ([`SqliteLightningStore`]: WAL, versioned schema, one writer thread with group commit), the
+//! PostgreSQL backend behind the `postgres` feature (`postgres::PostgresLightningStore`: one
+//! store per partition, shared by any number of servers),
 //! benchmark workloads ([`workload`]) and, behind the `conformance` feature, the test suite
 //! every backend runs. Not responsible for HTTP, OTLP or governance; those are other crates.
 
