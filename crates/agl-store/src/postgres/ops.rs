@@ -177,11 +177,10 @@ impl<'c> Tx<'c> {
         rollout_id: &str,
         lock: bool,
     ) -> Result<Option<RolloutRow>, StoreError> {
-        let sql = if lock {
-            format!("SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1 FOR UPDATE")
-        } else {
-            format!("SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1")
-        };
+        let sql = format!(
+            "SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1{}",
+            for_update(lock)
+        );
         self.row(&sql, &[&rollout_id], "select rollout")
             .await?
             .map(|r| decode_rollout(&r))
@@ -523,11 +522,10 @@ impl<'c> Tx<'c> {
     // -----------------------------------------------------------------------------------------
 
     async fn worker(&self, worker_id: &str, lock: bool) -> Result<Option<Worker>, StoreError> {
-        let sql = if lock {
-            format!("SELECT {WORKER_COLUMNS} FROM workers WHERE worker_id = $1 FOR UPDATE")
-        } else {
-            format!("SELECT {WORKER_COLUMNS} FROM workers WHERE worker_id = $1")
-        };
+        let sql = format!(
+            "SELECT {WORKER_COLUMNS} FROM workers WHERE worker_id = $1{}",
+            for_update(lock)
+        );
         self.row(&sql, &[&worker_id], "select worker")
             .await?
             .map(|r| decode_worker(&r))
@@ -666,6 +664,19 @@ impl<'c> Tx<'c> {
         Ok(row.rollout)
     }
 
+    /// `enqueue_many` (the requests were validated by the caller).
+    pub(crate) async fn enqueue_many(
+        &mut self,
+        requests: &[EnqueueRolloutRequest],
+        now: f64,
+    ) -> Result<Vec<Rollout>, StoreError> {
+        let mut out = Vec::with_capacity(requests.len());
+        for request in requests {
+            out.push(self.enqueue(request.clone(), now).await?);
+        }
+        Ok(out)
+    }
+
     /// `start_rollout`.
     pub(crate) async fn start_rollout(
         &mut self,
@@ -701,6 +712,23 @@ impl<'c> Tx<'c> {
             self.save_worker(&worker).await?;
         }
         Ok(None)
+    }
+
+    /// `dequeue_many`: up to `limit` dequeues in this transaction.
+    pub(crate) async fn dequeue_many(
+        &mut self,
+        limit: usize,
+        worker_id: Option<&str>,
+        now: f64,
+    ) -> Result<Vec<AttemptedRollout>, StoreError> {
+        let mut out = Vec::new();
+        while out.len() < limit {
+            match self.dequeue(worker_id, now).await? {
+                Some(a) => out.push(a),
+                None => break,
+            }
+        }
+        Ok(out)
     }
 
     /// `start_attempt`.
@@ -1161,11 +1189,10 @@ impl<'c> Tx<'c> {
         resources_id: &str,
         lock: bool,
     ) -> Result<Option<(i64, ResourcesUpdate)>, StoreError> {
-        let sql = if lock {
-            format!("SELECT {RESOURCES_COLUMNS} FROM resources WHERE resources_id = $1 FOR UPDATE")
-        } else {
-            format!("SELECT {RESOURCES_COLUMNS} FROM resources WHERE resources_id = $1")
-        };
+        let sql = format!(
+            "SELECT {RESOURCES_COLUMNS} FROM resources WHERE resources_id = $1{}",
+            for_update(lock)
+        );
         self.row(&sql, &[&resources_id], "select resources")
             .await?
             .map(|r| decode_resources(&r))
@@ -1428,6 +1455,11 @@ impl<'c> Tx<'c> {
             .await?;
         Ok(stats)
     }
+}
+
+/// The row-lock clause of a `SELECT` that reads a row the operation will change.
+fn for_update(lock: bool) -> &'static str {
+    if lock { " FOR UPDATE" } else { "" }
 }
 
 /// `columns` with every name prefixed by `alias.`.

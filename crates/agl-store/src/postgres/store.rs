@@ -374,23 +374,9 @@ impl LightningStore for PostgresLightningStore {
     ) -> Result<Vec<Rollout>, StoreError> {
         lifecycle::validate_requests(&requests)?;
         self.inner.lazy_scan().await?;
-        transact!(&self.inner, Kind::Write, |tx, now| {
-            let mut out = Vec::with_capacity(requests.len());
-            let mut failed = None;
-            for request in &requests {
-                match tx.enqueue(request.clone(), now).await {
-                    Ok(r) => out.push(r),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            match failed {
-                Some(e) => Err(e),
-                None => Ok(out),
-            }
-        })
+        transact!(&self.inner, Kind::Write, |tx, now| tx
+            .enqueue_many(&requests, now)
+            .await)
     }
 
     async fn start_rollout(
@@ -427,24 +413,9 @@ impl LightningStore for PostgresLightningStore {
             return Ok(Vec::new());
         }
         self.inner.lazy_scan().await?;
-        transact!(&self.inner, Kind::Write, |tx, now| {
-            let mut out = Vec::new();
-            let mut failed = None;
-            while out.len() < limit {
-                match tx.dequeue(worker_id, now).await {
-                    Ok(Some(a)) => out.push(a),
-                    Ok(None) => break,
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            match failed {
-                Some(e) => Err(e),
-                None => Ok(out),
-            }
-        })
+        transact!(&self.inner, Kind::Write, |tx, now| tx
+            .dequeue_many(limit, worker_id, now)
+            .await)
     }
 
     async fn start_attempt(
