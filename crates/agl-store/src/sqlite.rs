@@ -45,7 +45,8 @@
 //!
 //! Costs: enqueue, dequeue, update and add span are O(log n) index operations (a span batch
 //! costs one statement per span); the spans of one rollout are read through
-//! `spans(rollout_seq, seq)`, so they cost O(k log n) for its k spans whatever the total. A
+//! the unique `spans(rollout_seq, attempt_id, span_id)` index and sorted by rowid (insertion
+//! order), so they cost O(k log n) for its k spans whatever the total. A
 //! page of `query_rollouts` decodes only its own rows: SQL walks an index in the requested
 //! order (creation order, `start_time`, `end_time`, `rollout_id`, `status`, and the mode
 //! filter followed by `start_time`), skips `offset` index entries, and counts `total` through

@@ -14,7 +14,7 @@ use agl_core::{
 };
 use agl_store::conformance::CASES;
 use agl_store::{
-    AttemptUpdate, LightningStore, RolloutQuery, RolloutUpdate, SqliteLightningStore,
+    AttemptUpdate, LightningStore, RolloutQuery, RolloutUpdate, SpanQuery, SqliteLightningStore,
     SqliteOptions, StoreError,
 };
 use serde_json::json;
@@ -249,8 +249,9 @@ async fn newer_schema_is_refused_and_left_unchanged() {
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }
 
-/// What version 2 of the schema added; dropping it turns a store back into version 1.
+/// What versions 2 and 3 of the schema changed, undone: a store back at version 1.
 const DOWNGRADE_TO_V1: &str = "
+    CREATE INDEX spans_by_rollout ON spans(rollout_seq, seq);
     DROP INDEX rollouts_by_start;
     DROP INDEX rollouts_by_end;
     DROP INDEX rollouts_by_mode_start;
@@ -271,18 +272,48 @@ async fn version_1_store_is_migrated_and_answers_as_before() {
         })
         .collect();
     store.enqueue_many(requests).await.unwrap();
-    for a in store
-        .dequeue_many(7, Some("w-1"))
-        .await
-        .unwrap()
-        .iter()
-        .step_by(2)
-    {
+    let dequeued = store.dequeue_many(7, Some("w-1")).await.unwrap();
+    // Spans of two rollouts, interleaved, with sequence ids out of insertion order.
+    let mut span_queries = Vec::new();
+    for a in dequeued.iter().take(2) {
+        span_queries.push(SpanQuery::of(&a.rollout.rollout_id, None));
+        span_queries.push(SpanQuery::of(
+            &a.rollout.rollout_id,
+            Some(&a.attempt.attempt_id),
+        ));
+    }
+    for k in 0..6i64 {
+        for a in dequeued.iter().take(2) {
+            // k = 4 names an attempt that does not exist: refused, nothing stored.
+            let attempt = if k == 4 {
+                "other"
+            } else {
+                a.attempt.attempt_id.as_str()
+            };
+            let result = store
+                .add_span(Span::new(
+                    a.rollout.rollout_id.as_str(),
+                    attempt,
+                    10 - k,
+                    &format!("s{k}"),
+                    Attributes::new(),
+                ))
+                .await;
+            assert_eq!(result.is_ok(), k != 4, "{result:?}");
+        }
+    }
+    for a in dequeued.iter().step_by(2) {
         store
             .update_attempt(&a.rollout.rollout_id, &a.attempt.attempt_id, succeeded())
             .await
             .unwrap();
     }
+    let mut spans_before = Vec::new();
+    for q in &span_queries {
+        let page = store.query_spans(q.clone()).await.unwrap();
+        spans_before.push(page);
+    }
+    assert_eq!(spans_before[0].items.len(), 5, "{:?}", spans_before[0]);
     let pages = [
         RolloutQuery::all(),
         RolloutQuery {
@@ -322,6 +353,9 @@ async fn version_1_store_is_migrated_and_answers_as_before() {
     )
     .unwrap();
     assert_eq!(as_is.schema_version(), 1);
+    for (q, page) in span_queries.iter().zip(&spans_before) {
+        assert_eq!(&as_is.query_spans(q.clone()).await.unwrap(), page, "{q:?}");
+    }
     for (q, page) in pages.iter().zip(&before) {
         assert_eq!(
             &as_is.query_rollouts(q.clone()).await.unwrap(),
@@ -345,6 +379,9 @@ async fn version_1_store_is_migrated_and_answers_as_before() {
             page,
             "{q:?}"
         );
+    }
+    for (q, page) in span_queries.iter().zip(&spans_before) {
+        assert_eq!(&store.query_spans(q.clone()).await.unwrap(), page, "{q:?}");
     }
     let mut after = store.statistics().await.unwrap();
     after.uptime = stats.uptime;

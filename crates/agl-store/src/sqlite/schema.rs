@@ -41,7 +41,8 @@ pub const WAL_AUTOCHECKPOINT_PAGES: u32 = 8192;
 ///
 /// Indexes: queue order (`queue.pos`), rollouts by id and by status, watched rollouts,
 /// attempts by `(rollout_seq, sequence_id)` and `(rollout_seq, attempt_id)`, spans by
-/// `(rollout_seq, seq)` (insertion order) and the unique `(rollout_seq, attempt_id, span_id)`,
+/// `(rollout_seq, seq)` (insertion order; dropped by version 3) and the unique
+/// `(rollout_seq, attempt_id, span_id)`,
 /// workers by id, resources by id.
 const V1: &str = r#"
 CREATE TABLE rollouts (
@@ -147,8 +148,20 @@ CREATE INDEX rollouts_by_end ON rollouts(end_time IS NULL DESC, end_time DESC);
 CREATE INDEX rollouts_by_mode_start ON rollouts(mode, start_time DESC);
 "#;
 
+/// Version 3: drops `spans_by_rollout`, the index of spans in insertion order per rollout.
+///
+/// Reading a rollout's spans needs no index of its own: the unique
+/// `(rollout_seq, attempt_id, span_id)` index already finds them (and those of one attempt),
+/// and the rowid it carries is their insertion order, so SQLite sorts the rollout's k rowids
+/// (O(k log k)) instead of walking a second index. The index cost every span insert one more
+/// B-tree write, about one WAL frame (4 KiB) per commit in the runner's cycle (measured: 12.3
+/// frames per commit with it; see the `sqlite` module documentation).
+const V3: &str = r#"
+DROP INDEX spans_by_rollout;
+"#;
+
 /// The migrations, in order: `MIGRATIONS[i]` brings a database from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes (`PRAGMA user_version` of an up-to-date store).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
