@@ -537,6 +537,34 @@ pub struct IngestReport {
 }
 
 impl IngestReport {
+    /// Counts the outcome of storing `count` spans of one (rollout, attempt): stored ones are
+    /// accepted, the rest duplicates; `NotFound` rejects them all with a message naming both
+    /// ids; any other error is returned.
+    fn record(
+        &mut self,
+        result: Result<Vec<Span>, StoreError>,
+        count: u64,
+        rollout_id: &str,
+        attempt_id: &str,
+    ) -> Result<(), StoreError> {
+        match result {
+            Ok(stored) => {
+                let stored = u64::try_from(stored.len()).unwrap_or(u64::MAX);
+                self.accepted += stored;
+                self.duplicates += count.saturating_sub(stored);
+            }
+            Err(StoreError::NotFound { kind, id }) => {
+                self.rejected += count;
+                self.messages.push(format!(
+                    "{count} span(s) of rollout `{rollout_id}`, attempt `{attempt_id}` \
+                     rejected: {kind} `{id}` not found"
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
     /// `partial_success` of the answer: `Some` when any span was rejected, with
     /// `rejected_spans` and an `error_message` joining the first 20 messages with `"; "`.
     pub fn partial_success(&self) -> Option<ExportTracePartialSuccess> {
@@ -573,7 +601,10 @@ impl IngestReport {
 /// supplied ids, drops duplicates and records the attempt heartbeat. A group whose rollout or
 /// attempt does not exist ([`StoreError::NotFound`]) is rejected with a message naming both
 /// ids while the other groups are still stored (deviation Q21: partial success). Any other
-/// store error is returned (the handler answers 500/503).
+/// store error is returned (the handler answers 500/503). A request whose spans all belong to
+/// one attempt (what a runner's tracer exports) is stored with one
+/// [`LightningStore::add_spans_with_fresh_ids`] call instead, the same result in one store
+/// operation (one transaction on SQLite and PostgreSQL).
 pub async fn ingest(
     store: &dyn LightningStore,
     converted: Converted,
@@ -583,6 +614,33 @@ pub async fn ingest(
         messages: converted.rejected,
         ..IngestReport::default()
     };
+    // The usual request (a runner's tracer exports the spans of its one attempt): ids and
+    // spans in one store operation.
+    if let Some(first) = converted.spans.first()
+        && converted.spans.iter().all(|c| {
+            c.span.rollout_id == first.span.rollout_id && c.span.attempt_id == first.span.attempt_id
+        })
+    {
+        let (rollout_id, attempt_id) =
+            (first.span.rollout_id.clone(), first.span.attempt_id.clone());
+        let count = u64::try_from(converted.spans.len()).unwrap_or(u64::MAX);
+        let spans = converted
+            .spans
+            .into_iter()
+            .map(
+                |ConvertedSpan {
+                     mut span,
+                     sequence_id,
+                 }| {
+                    span.sequence_id = sequence_id.unwrap_or(0);
+                    (span, sequence_id.is_none())
+                },
+            )
+            .collect();
+        let result = store.add_spans_with_fresh_ids(spans).await;
+        report.record(result, count, &rollout_id, &attempt_id)?;
+        return Ok(report);
+    }
     // Fresh sequence ids: one block per rollout (one store operation), handed out in span
     // order, so ids still follow the order of the spans in the request (§6.2).
     let mut wanted: Vec<(String, String, u32)> = Vec::new();
@@ -628,21 +686,8 @@ pub async fn ingest(
     }
     for (rollout_id, attempt_id, spans) in groups {
         let count = u64::try_from(spans.len()).unwrap_or(u64::MAX);
-        match store.add_spans(spans).await {
-            Ok(stored) => {
-                let stored = u64::try_from(stored.len()).unwrap_or(u64::MAX);
-                report.accepted += stored;
-                report.duplicates += count.saturating_sub(stored);
-            }
-            Err(StoreError::NotFound { kind, id }) => {
-                report.rejected += count;
-                report.messages.push(format!(
-                    "{count} span(s) of rollout `{rollout_id}`, attempt `{attempt_id}` \
-                     rejected: {kind} `{id}` not found"
-                ));
-            }
-            Err(e) => return Err(e),
-        }
+        let result = store.add_spans(spans).await;
+        report.record(result, count, &rollout_id, &attempt_id)?;
     }
     Ok(report)
 }

@@ -129,6 +129,9 @@ pub const CASES: &[(&str, CaseFn)] = &[
     }),
     ("sequence_ids", |s| Box::pin(sequence_ids(s))),
     ("sequence_id_blocks", |s| Box::pin(sequence_id_blocks(s))),
+    ("fresh_ids_with_spans", |s| {
+        Box::pin(fresh_ids_with_spans(s))
+    }),
     ("span_for_unknown_target", |s| {
         Box::pin(span_for_unknown_target(s))
     }),
@@ -671,6 +674,108 @@ pub async fn sequence_ids(store: &dyn LightningStore) -> CaseResult {
         6,
         "counter raised even though the span was refused"
     );
+    Ok(())
+}
+
+/// `add_spans_with_fresh_ids` does what `get_next_span_sequence_ids` then `add_spans` do:
+/// the spans asking for an id take one block per rollout, in span order, before the supplied
+/// ids of the same call raise the counter; duplicates are dropped and a refused call (unknown
+/// attempt) still consumes its block (§4.7, §6.2).
+pub async fn fresh_ids_with_spans(store: &dyn LightningStore) -> CaseResult {
+    let s = store
+        .start_rollout(EnqueueRolloutRequest::new(json!(1)), None)
+        .await
+        .ctx("start")?;
+    let (rid, aid) = (s.rollout.rollout_id, s.attempt.attempt_id);
+    store
+        .add_span(plain_span(&rid, &aid, 5, "supplied"))
+        .await
+        .ctx("add")?;
+    let names_and_ids = |spans: &[Span]| -> Vec<(String, i64)> {
+        spans
+            .iter()
+            .map(|s| (s.name.clone(), s.sequence_id))
+            .collect()
+    };
+    let a = plain_span(&rid, &aid, 0, "a");
+    let stored = store
+        .add_spans_with_fresh_ids(vec![
+            (a.clone(), true),
+            (plain_span(&rid, &aid, 9, "b"), false),
+            (plain_span(&rid, &aid, 0, "c"), true),
+        ])
+        .await
+        .ctx("add_spans_with_fresh_ids")?;
+    ensure_eq!(
+        names_and_ids(&stored),
+        vec![
+            ("a".to_string(), 6),
+            ("b".to_string(), 9),
+            ("c".to_string(), 7)
+        ],
+        "fresh ids 6 and 7 in span order, the supplied 9 kept"
+    );
+    ensure_eq!(
+        store
+            .get_next_span_sequence_id(&rid, &aid)
+            .await
+            .ctx("seq")?,
+        10,
+        "the supplied 9 raised the counter"
+    );
+    let again = store
+        .add_spans_with_fresh_ids(vec![(a, true)])
+        .await
+        .ctx("duplicate")?;
+    ensure!(again.is_empty(), "a duplicate is dropped: {again:?}");
+    let refused = store
+        .add_spans_with_fresh_ids(vec![(plain_span(&rid, "at-missing", 0, "x"), true)])
+        .await;
+    ensure!(
+        matches!(refused, Err(StoreError::NotFound { .. })),
+        "unknown attempt: {refused:?}"
+    );
+    ensure_eq!(
+        store
+            .get_next_span_sequence_id(&rid, &aid)
+            .await
+            .ctx("seq")?,
+        13,
+        "the dropped duplicate and the refused span consumed 11 and 12"
+    );
+    // Two rollouts in one call: one block each.
+    let t = store
+        .start_rollout(EnqueueRolloutRequest::new(json!(2)), None)
+        .await
+        .ctx("start")?;
+    let (rid2, aid2) = (t.rollout.rollout_id, t.attempt.attempt_id);
+    let stored = store
+        .add_spans_with_fresh_ids(vec![
+            (plain_span(&rid, &aid, 0, "d"), true),
+            (plain_span(&rid2, &aid2, 0, "e"), true),
+            (plain_span(&rid, &aid, 0, "f"), true),
+        ])
+        .await
+        .ctx("two rollouts")?;
+    ensure_eq!(
+        names_and_ids(&stored),
+        vec![
+            ("d".to_string(), 14),
+            ("e".to_string(), 1),
+            ("f".to_string(), 15)
+        ],
+        "one block per rollout"
+    );
+    ensure_eq!(
+        store
+            .add_spans_with_fresh_ids(Vec::new())
+            .await
+            .ctx("empty")?,
+        Vec::<Span>::new(),
+        "nothing to store"
+    );
+    let listed = store.list_spans(&rid, None).await.ctx("list")?;
+    ensure_eq!(listed.len(), 6, "spans of the first rollout");
     Ok(())
 }
 

@@ -473,6 +473,66 @@ pub fn issue_sequence_ids(counter: &mut i64, count: u32) -> i64 {
     first
 }
 
+/// One block of fresh sequence ids asked for by [`fresh_id_blocks`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreshIdBlock {
+    /// The rollout whose counter issues the block.
+    pub rollout_id: String,
+    /// The attempt of the first span asking for an id (what `get_next_span_sequence_ids` is
+    /// given).
+    pub attempt_id: String,
+    /// Ids wanted (≥ 1).
+    pub count: u32,
+}
+
+/// The blocks [`crate::LightningStore::add_spans_with_fresh_ids`] issues: one per rollout that
+/// has spans asking for a fresh id (`true`), in order of first appearance, as OTLP ingest asks
+/// for them (one block per rollout, §6.2).
+pub fn fresh_id_blocks(spans: &[(Span, bool)]) -> Vec<FreshIdBlock> {
+    let mut blocks: Vec<FreshIdBlock> = Vec::new();
+    for (span, _) in spans.iter().filter(|(_, fresh)| *fresh) {
+        match blocks.iter_mut().find(|b| b.rollout_id == span.rollout_id) {
+            Some(b) => b.count = b.count.saturating_add(1),
+            None => blocks.push(FreshIdBlock {
+                rollout_id: span.rollout_id.clone(),
+                attempt_id: span.attempt_id.clone(),
+                count: 1,
+            }),
+        }
+    }
+    blocks
+}
+
+/// Gives every span asking for a fresh id (`true`) the next id of its rollout's block, in span
+/// order (`firsts[i]` is the first id of `blocks[i]`); the other spans keep theirs.
+pub fn number_fresh_spans(
+    spans: Vec<(Span, bool)>,
+    blocks: &[FreshIdBlock],
+    firsts: &[i64],
+) -> Result<Vec<Span>, StoreError> {
+    let mut next: Vec<i64> = firsts.to_vec();
+    spans
+        .into_iter()
+        .map(|(mut span, fresh)| {
+            if fresh {
+                let slot = blocks
+                    .iter()
+                    .position(|b| b.rollout_id == span.rollout_id)
+                    .and_then(|i| next.get_mut(i))
+                    .ok_or_else(|| {
+                        StoreError::Backend(format!(
+                            "no block of sequence ids was issued for rollout `{}`",
+                            span.rollout_id
+                        ))
+                    })?;
+                span.sequence_id = *slot;
+                *slot = slot.saturating_add(1);
+            }
+            Ok(span)
+        })
+        .collect()
+}
+
 /// Raises a per-rollout counter to a client-supplied sequence id (`max(counter, supplied)`).
 /// Backends call this **before** the existence and duplicate checks of the span.
 pub fn observe_sequence_id(counter: &mut i64, supplied: i64) {

@@ -263,6 +263,26 @@ impl State {
         Some(span)
     }
 
+    /// `add_spans`: counters raised to the supplied ids, every target checked, then the spans
+    /// stored (duplicates dropped); returns the stored ones.
+    fn add_spans(&mut self, spans: Vec<Span>, now: f64) -> Result<Vec<Span>, StoreError> {
+        for span in &spans {
+            lifecycle::observe_sequence_id(
+                self.sequence_counter(&span.rollout_id),
+                span.sequence_id,
+            );
+        }
+        let mut targets = Vec::with_capacity(spans.len());
+        for span in &spans {
+            targets.push(self.check_span_target(span)?);
+        }
+        Ok(spans
+            .into_iter()
+            .zip(targets)
+            .filter_map(|(span, idx)| self.store_span(idx, span, now))
+            .collect())
+    }
+
     /// Finished rollouts among `ids` (request order, unknown omitted), whether all are
     /// finished, and the earliest Unix time at which the watchdog may change one of them.
     fn wait_snapshot(&self, ids: &[String]) -> WaitSnapshot {
@@ -599,22 +619,23 @@ impl LightningStore for InMemoryLightningStore {
 
     async fn add_spans(&self, spans: Vec<Span>) -> Result<Vec<Span>, StoreError> {
         let now = now_seconds();
+        self.lock().add_spans(spans, now)
+    }
+
+    /// Under one lock: the blocks, then `add_spans`.
+    async fn add_spans_with_fresh_ids(
+        &self,
+        spans: Vec<(Span, bool)>,
+    ) -> Result<Vec<Span>, StoreError> {
+        let now = now_seconds();
         let mut state = self.lock();
-        for span in &spans {
-            lifecycle::observe_sequence_id(
-                state.sequence_counter(&span.rollout_id),
-                span.sequence_id,
-            );
-        }
-        let mut targets = Vec::with_capacity(spans.len());
-        for span in &spans {
-            targets.push(state.check_span_target(span)?);
-        }
-        Ok(spans
-            .into_iter()
-            .zip(targets)
-            .filter_map(|(span, idx)| state.store_span(idx, span, now))
-            .collect())
+        let blocks = lifecycle::fresh_id_blocks(&spans);
+        let firsts: Vec<i64> = blocks
+            .iter()
+            .map(|b| lifecycle::issue_sequence_ids(state.sequence_counter(&b.rollout_id), b.count))
+            .collect();
+        let spans = lifecycle::number_fresh_spans(spans, &blocks, &firsts)?;
+        state.add_spans(spans, now)
     }
 
     async fn query_spans(&self, query: SpanQuery) -> Result<Paginated<Span>, StoreError> {

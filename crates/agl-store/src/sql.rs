@@ -6,7 +6,7 @@
 //! [`crate::query::finish`]). Not responsible for decoding rows (each backend's `rows` module)
 //! nor for SQL (each backend's dialect).
 
-use agl_core::Rollout;
+use agl_core::{Rollout, Span};
 use serde::Serialize;
 
 use crate::error::StoreError;
@@ -51,4 +51,39 @@ pub(crate) fn opt_json<T: Serialize>(
     what: &str,
 ) -> Result<Option<String>, StoreError> {
     value.map(|v| to_json(v, what)).transpose()
+}
+
+/// Spans with their JSON bodies, for `add_spans`.
+pub(crate) fn encode_spans(spans: Vec<Span>) -> Result<Vec<(Span, String)>, StoreError> {
+    spans
+        .into_iter()
+        .map(|span| to_json(&span, "span").map(|body| (span, body)))
+        .collect()
+}
+
+/// The bodies of the spans of `add_spans_with_fresh_ids` that keep their sequence id (`None`
+/// for those that take a fresh one: their body is known once the id is issued).
+pub(crate) fn encode_kept_spans(spans: &[(Span, bool)]) -> Result<Vec<Option<String>>, StoreError> {
+    spans
+        .iter()
+        .map(|(span, fresh)| (!fresh).then(|| to_json(span, "span")).transpose())
+        .collect()
+}
+
+/// Numbers the fresh spans with the issued blocks and completes the bodies (see
+/// [`encode_kept_spans`]).
+pub(crate) fn numbered_spans(
+    spans: Vec<(Span, bool)>,
+    bodies: Vec<Option<String>>,
+    blocks: &[crate::lifecycle::FreshIdBlock],
+    firsts: &[i64],
+) -> Result<Vec<(Span, String)>, StoreError> {
+    crate::lifecycle::number_fresh_spans(spans, blocks, firsts)?
+        .into_iter()
+        .zip(bodies)
+        .map(|(span, body)| match body {
+            Some(body) => Ok((span, body)),
+            None => to_json(&span, "span").map(|body| (span, body)),
+        })
+        .collect()
 }

@@ -449,16 +449,23 @@ impl LightningStore for SqliteLightningStore {
 
     async fn add_spans(&self, spans: Vec<Span>) -> Result<Vec<Span>, StoreError> {
         // Encode on the caller's thread, so the writer thread only runs SQL.
-        let encoded = spans
-            .into_iter()
-            .map(|span| {
-                serde_json::to_string(&span)
-                    .map(|body| (span, body))
-                    .map_err(|e| StoreError::Backend(format!("cannot encode span as JSON: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let encoded = crate::sql::encode_spans(spans)?;
         self.inner
             .call(false, move |ctx, now| ctx.add_spans(encoded, now))
+            .await
+    }
+
+    /// One writer operation: the blocks, then `add_spans`. Spans that keep their id are
+    /// encoded on the caller's thread; the numbered ones in the writer, once their id is known.
+    async fn add_spans_with_fresh_ids(
+        &self,
+        spans: Vec<(Span, bool)>,
+    ) -> Result<Vec<Span>, StoreError> {
+        let bodies = crate::sql::encode_kept_spans(&spans)?;
+        self.inner
+            .call(false, move |ctx, now| {
+                ctx.add_spans_with_fresh_ids(spans, bodies, now)
+            })
             .await
     }
 

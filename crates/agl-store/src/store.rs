@@ -218,6 +218,34 @@ pub trait LightningStore: Send + Sync {
     /// Stores several spans (all targets checked first); returns the ones actually stored.
     async fn add_spans(&self, spans: Vec<Span>) -> Result<Vec<Span>, StoreError>;
 
+    /// Issues fresh sequence ids and stores spans in one operation: the spans marked `true`
+    /// take, in span order, the ids of one block per rollout (as
+    /// [`get_next_span_sequence_ids`](Self::get_next_span_sequence_ids) issues them, see
+    /// [`lifecycle::fresh_id_blocks`](crate::lifecycle::fresh_id_blocks)), the others keep
+    /// their `sequence_id`; then every span is stored as by [`add_spans`](Self::add_spans)
+    /// (targets checked first, duplicates dropped, the stored ones returned). Issued ids stay
+    /// consumed when the spans are then refused (`NotFound`), exactly as with the two calls.
+    /// What OTLP ingest uses for a request whose spans belong to one attempt: one transaction
+    /// instead of two. The default makes the two calls.
+    async fn add_spans_with_fresh_ids(
+        &self,
+        spans: Vec<(Span, bool)>,
+    ) -> Result<Vec<Span>, StoreError> {
+        let blocks = crate::lifecycle::fresh_id_blocks(&spans);
+        let mut firsts = Vec::with_capacity(blocks.len());
+        for b in &blocks {
+            firsts.push(
+                self.get_next_span_sequence_ids(&b.rollout_id, &b.attempt_id, b.count)
+                    .await?,
+            );
+        }
+        let spans = crate::lifecycle::number_fresh_spans(spans, &blocks, &firsts)?;
+        if spans.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.add_spans(spans).await
+    }
+
     /// Spans of one rollout matching the query; default order `(sequence_id, insertion
     /// order)` (Q12).
     async fn query_spans(&self, query: SpanQuery) -> Result<Paginated<Span>, StoreError>;

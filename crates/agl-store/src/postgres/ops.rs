@@ -1014,6 +1014,44 @@ impl<'c> Tx<'c> {
         Ok(issued)
     }
 
+    /// `add_spans_with_fresh_ids`: one block per rollout ([`Tx::next_sequence_ids`]), the
+    /// spans numbered, then [`Tx::add_spans`]. With blocks of several rollouts their rows are
+    /// locked first, in `seq` order (the order `add_spans` locks them in). The blocks stay
+    /// issued when the spans are refused, as with the two calls.
+    pub(crate) async fn add_spans_with_fresh_ids(
+        &mut self,
+        spans: &[(Span, bool)],
+        bodies: &[Option<String>],
+        now: f64,
+    ) -> Result<Vec<Span>, StoreError> {
+        let blocks = lifecycle::fresh_id_blocks(spans);
+        if blocks.len() > 1 {
+            let ids: Vec<&str> = blocks.iter().map(|b| b.rollout_id.as_str()).collect();
+            self.rows(
+                "SELECT seq FROM rollouts WHERE rollout_id = ANY($1) ORDER BY seq FOR UPDATE",
+                &[&ids],
+                "lock rollouts",
+            )
+            .await?;
+        }
+        for b in &blocks {
+            lifecycle::check_sequence_block(b.count)?;
+        }
+        let mut firsts = Vec::with_capacity(blocks.len());
+        for b in &blocks {
+            firsts.push(self.next_sequence_ids(&b.rollout_id, b.count).await?);
+        }
+        // Numbering cannot fail after the blocks; should it, the blocks stay issued.
+        self.keep_on_error = true;
+        let encoded =
+            crate::sql::numbered_spans(spans.to_vec(), bodies.to_vec(), &blocks, &firsts)?;
+        self.keep_on_error = false;
+        if encoded.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.add_spans(&encoded, now).await
+    }
+
     /// `add_span(s)`: locks the rollouts the spans name (in `seq` order), raises their
     /// sequence counters (kept even if the call fails, §4.7), checks every target, then
     /// inserts (`ON CONFLICT DO NOTHING` drops duplicates) and applies

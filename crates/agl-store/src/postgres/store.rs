@@ -517,16 +517,20 @@ impl LightningStore for PostgresLightningStore {
     }
 
     async fn add_spans(&self, spans: Vec<Span>) -> Result<Vec<Span>, StoreError> {
-        let encoded = spans
-            .into_iter()
-            .map(|span| {
-                serde_json::to_string(&span)
-                    .map(|body| (span, body))
-                    .map_err(|e| StoreError::Backend(format!("cannot encode span as JSON: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let encoded = crate::sql::encode_spans(spans)?;
         transact!(&self.inner, Kind::Write, |tx, now| tx
             .add_spans(&encoded, now)
+            .await)
+    }
+
+    /// One transaction: the blocks, then `add_spans`.
+    async fn add_spans_with_fresh_ids(
+        &self,
+        spans: Vec<(Span, bool)>,
+    ) -> Result<Vec<Span>, StoreError> {
+        let bodies = crate::sql::encode_kept_spans(&spans)?;
+        transact!(&self.inner, Kind::Write, |tx, now| tx
+            .add_spans_with_fresh_ids(&spans, &bodies, now)
             .await)
     }
 

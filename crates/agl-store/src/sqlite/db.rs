@@ -1005,6 +1005,33 @@ impl Ctx {
     /// duplicates, `UNIQUE(rollout_seq, attempt_id, span_id)`) and applies
     /// [`lifecycle::record_span`] to each stored span in order. Each rollout and attempt is
     /// read and written once per call. `spans` come with their JSON bodies.
+    /// `add_spans_with_fresh_ids`: one block per rollout ([`Ctx::next_sequence_ids`]), the
+    /// spans numbered, then [`Ctx::add_spans`]. The blocks stay issued when the spans are
+    /// refused, as with the two calls.
+    pub(crate) fn add_spans_with_fresh_ids(
+        &mut self,
+        spans: Vec<(Span, bool)>,
+        bodies: Vec<Option<String>>,
+        now: f64,
+    ) -> Result<Vec<Span>, StoreError> {
+        let blocks = lifecycle::fresh_id_blocks(&spans);
+        for b in &blocks {
+            lifecycle::check_sequence_block(b.count)?;
+        }
+        let mut firsts = Vec::with_capacity(blocks.len());
+        for b in &blocks {
+            firsts.push(self.next_sequence_ids(&b.rollout_id, b.count)?);
+        }
+        // Numbering cannot fail after the blocks; should it, the blocks stay issued.
+        self.keep_on_error = true;
+        let encoded = crate::sql::numbered_spans(spans, bodies, &blocks, &firsts)?;
+        self.keep_on_error = false;
+        if encoded.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.add_spans(encoded, now)
+    }
+
     pub(crate) fn add_spans(
         &mut self,
         spans: Vec<(Span, String)>,
