@@ -1,5 +1,5 @@
 //! `agl store …`: serving a store over HTTP (`agl store [--db PATH]`), opening a store from a
-//! command-line spec, and `agl store inspect PATH`.
+//! command-line spec, and `agl store inspect PATH|URL`.
 //!
 //! `agl store` runs the Agent Lightning v0.3.0-compatible server of `agl_server` (REST under
 //! `/v1/agl`, OTLP at `/v1/traces`, Prometheus at `/metrics`) over the in-memory backend, or
@@ -7,11 +7,13 @@
 //! in-flight requests and closes the database. It prints `agl store listening on URL` on
 //! stdout once it accepts connections.
 //!
-//! A store spec is `memory` (the in-memory backend, lost at exit) or the path of a SQLite
-//! database (created if missing, durable; see `agl_store::sqlite`). `inspect` opens an
-//! existing database and prints counts by status, the rewards and governance violations found
-//! in the spans, and the last rollouts. It never creates a file, and the watchdog is off (no
-//! lazy scan, no sweeper), so statuses are exactly as the last writer left them.
+//! A store spec is `memory` (the in-memory backend, lost at exit), the path of a SQLite
+//! database (created if missing, durable; see `agl_store::sqlite`) or a PostgreSQL URL with an
+//! optional `partition` (see `agl_store::postgres`). `inspect` opens an existing SQLite
+//! database or PostgreSQL partition and prints counts by status, the rewards and governance
+//! violations found in the spans, and the last rollouts. It never creates a file or a
+//! partition, never migrates a SQLite schema, and the watchdog is off (no lazy scan, no
+//! sweeper), so statuses are exactly as the last writer left them.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -124,16 +126,18 @@ pub struct ServeArgs {
 /// `agl store …` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
-    /// Summarise a SQLite store written by `agl train --store PATH` (or any agl store).
+    /// Summarise a store written by `agl train --store` or `agl store`: a SQLite file or a
+    /// PostgreSQL partition (`postgres://…?partition=NAME`). Writes nothing.
     Inspect(InspectArgs),
 }
 
 /// Arguments of `agl store inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The SQLite database.
-    #[arg(value_name = "PATH")]
-    path: PathBuf,
+    /// The SQLite database, or a PostgreSQL URL with its `partition` (absent or empty
+    /// partitions are refused, not created).
+    #[arg(value_name = "PATH|postgres://…")]
+    path: String,
     /// How many of the most recent rollouts to list.
     #[arg(long, default_value_t = 10)]
     last: usize,
@@ -377,7 +381,8 @@ struct LastRollout {
 #[derive(Debug, Serialize)]
 struct Report {
     path: String,
-    file_bytes: u64,
+    /// Size of the SQLite file; `null` for PostgreSQL.
+    file_bytes: Option<u64>,
     statistics: agl_store::StoreStatistics,
     rollouts_with_reward: u64,
     mean_reward: Option<f64>,
@@ -388,12 +393,27 @@ struct Report {
     last: Vec<LastRollout>,
 }
 
-fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
-    let path: &Path = &args.path;
+/// Opens the store `inspect` looks at without changing it: no watchdog, no migration, no
+/// store created. Returns it, the name to show and the file size (SQLite).
+fn open_to_inspect(
+    spec: &str,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<(Arc<dyn LightningStore>, String, Option<u64>)> {
+    if is_postgres_url(spec) {
+        let options = PostgresOptions {
+            sweep_interval: None,
+            scan_debounce_seconds: f64::INFINITY,
+            pool_size: 2,
+            create_missing: false,
+        };
+        let store = rt.block_on(open_postgres(spec, options))?;
+        return Ok((Arc::new(store), redacted(spec), None));
+    }
+    let path = Path::new(spec);
     anyhow::ensure!(
         path.is_file(),
         "no store database at {} (expected a file written by `agl train --store PATH` or \
-         `agl store`)",
+         `agl store`, or a postgres:// URL)",
         path.display()
     );
     let file_bytes = std::fs::metadata(path)?.len();
@@ -405,9 +425,18 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
     };
     let store = SqliteLightningStore::open_with(path, options)
         .with_context(|| format!("opening {}", path.display()))?;
+    Ok((
+        Arc::new(store),
+        path.display().to_string(),
+        Some(file_bytes),
+    ))
+}
+
+fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let (store, shown, file_bytes) = open_to_inspect(&args.path, &rt)?;
     let report = rt.block_on(async {
         let statistics = store.statistics().await?;
         let all = store.query_rollouts(RolloutQuery::all()).await?;
@@ -466,7 +495,7 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             .collect();
         let n = rewards.len();
         Ok::<_, anyhow::Error>(Report {
-            path: path.display().to_string(),
+            path: shown,
             file_bytes,
             statistics,
             rollouts_with_reward: n as u64,
@@ -489,11 +518,10 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
 
 fn print_report(r: &Report) {
     let s = &r.statistics;
-    println!(
-        "store     {} ({:.1} MiB)",
-        r.path,
-        r.file_bytes as f64 / 1048576.0
-    );
+    match r.file_bytes {
+        Some(bytes) => println!("store     {} ({:.1} MiB)", r.path, bytes as f64 / 1048576.0),
+        None => println!("store     {}", r.path),
+    }
     println!(
         "totals    {} rollouts, {} attempts, {} spans, {} resources, {} workers",
         s.total_rollouts, s.total_attempts, s.total_spans, s.total_resources, s.total_workers
@@ -602,7 +630,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nope.sqlite");
         let err = inspect(&InspectArgs {
-            path: path.clone(),
+            path: path.display().to_string(),
             last: 5,
             json: false,
         })

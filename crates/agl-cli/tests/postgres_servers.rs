@@ -556,3 +556,67 @@ async fn a_killed_server_loses_no_acknowledged_write_and_runners_go_on_through_t
         acked.after_kill
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// `agl store inspect` on a partition
+// ---------------------------------------------------------------------------------------------
+
+fn inspect(store: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_agl"))
+        .args(["store", "inspect", store, "--json", "--last", "2"])
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reads_a_partition_and_refuses_a_missing_one_without_creating_it() {
+    let url = fresh_store_url("inspect");
+    let missing = inspect(&url);
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("no agl store"), "{err}");
+    // Nothing was created: the store opened now is a new, empty one.
+    let parsed: agl_store::postgres::PostgresUrl = url.parse().unwrap();
+    let store = PostgresLightningStore::open(&parsed, PostgresOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(store.statistics().await.unwrap().total_rollouts, 0);
+    for i in 0..3 {
+        store
+            .enqueue_rollout(EnqueueRolloutRequest::new(json!(i)))
+            .await
+            .unwrap();
+    }
+    let a = store.dequeue_rollout(Some("w-1")).await.unwrap().unwrap();
+    store
+        .update_attempt(
+            &a.rollout.rollout_id,
+            &a.attempt.attempt_id,
+            AttemptUpdate {
+                status: Some(AttemptStatus::Succeeded),
+                ..AttemptUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+
+    let out = inspect(&url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["statistics"]["total_rollouts"], 3);
+    assert_eq!(report["statistics"]["rollouts_by_status"]["queuing"], 2);
+    assert_eq!(report["statistics"]["rollouts_by_status"]["succeeded"], 1);
+    assert_eq!(report["file_bytes"], Value::Null);
+    assert_eq!(report["last"].as_array().unwrap().len(), 2);
+    assert!(
+        report["path"]
+            .as_str()
+            .unwrap()
+            .contains("partition=inspect_")
+    );
+}

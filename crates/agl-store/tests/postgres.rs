@@ -218,6 +218,7 @@ async fn three_servers(what: &str) -> Vec<std::sync::Arc<PostgresLightningStore>
             scan_debounce_seconds: f64::INFINITY,
             sweep_interval: None,
             pool_size: 4,
+            ..PostgresOptions::default()
         };
         stores.push(std::sync::Arc::new(
             PostgresLightningStore::open(&url, options).await.unwrap(),
@@ -359,4 +360,64 @@ async fn servers_sweeping_at_once_time_out_each_attempt_once() {
         "no attempt was created by a sweep"
     );
     assert_eq!(stores[1].run_watchdog().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn an_open_that_must_not_create_refuses_a_missing_store_and_creates_nothing() {
+    let client = connect().await;
+    let partition = fresh_partition("nocreate");
+    let schema = schema_name(&partition).unwrap();
+    let url: PostgresUrl = format!("{}?partition={partition}", url()).parse().unwrap();
+    let look = || PostgresOptions {
+        sweep_interval: None,
+        create_missing: false,
+        ..PostgresOptions::default()
+    };
+    let schema_exists = || async {
+        client
+            .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
+            .await
+            .unwrap()
+            .is_some()
+    };
+    let e = PostgresLightningStore::open(&url, look())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no agl store") && e.contains("does not exist") && e.contains(&schema),
+        "{e}"
+    );
+    assert!(!schema_exists().await, "nothing was created");
+    // An empty schema is refused too, and left empty.
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let e = PostgresLightningStore::open(&url, look())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is empty"), "{e}");
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "the empty schema stays empty");
+    // Once a store exists there, the same open works and sees it.
+    let created = PostgresLightningStore::open(&url, PostgresOptions::default())
+        .await
+        .unwrap();
+    created
+        .enqueue_rollout(agl_core::EnqueueRolloutRequest::new(serde_json::json!(1)))
+        .await
+        .unwrap();
+    created.close().await.unwrap();
+    let looked = PostgresLightningStore::open(&url, look()).await.unwrap();
+    assert_eq!(looked.statistics().await.unwrap().total_rollouts, 1);
 }

@@ -218,6 +218,23 @@ async fn inspect<C: GenericClient>(client: &C, schema: &str) -> Result<Found, St
     Ok(Found::Store { version })
 }
 
+/// Refuses a schema that holds no agl store (absent or empty) without creating anything, and
+/// anything [`prepare`] would refuse; the check of an open that must not create a store
+/// (`agl store inspect`).
+pub(crate) async fn require_store<C: GenericClient>(
+    client: &C,
+    schema: &str,
+) -> Result<(), StoreError> {
+    match inspect(client, schema).await? {
+        Found::Store { .. } => Ok(()),
+        Found::Empty { exists } => Err(StoreError::Backend(format!(
+            "no agl store in schema `{schema}` (the schema {}); nothing was created: check the \
+             database and the partition",
+            if exists { "is empty" } else { "does not exist" }
+        ))),
+    }
+}
+
 /// Opens the store in `schema`: creates it in an empty or absent schema, migrates an older
 /// one, refuses anything else untouched. Returns the version found before (0 = created).
 ///

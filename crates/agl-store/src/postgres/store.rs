@@ -60,6 +60,9 @@ pub struct PostgresOptions {
     /// Most connections this server opens (operations beyond it wait for a free one).
     /// Default 16.
     pub pool_size: usize,
+    /// Create the store when the partition has none (the default). `false` refuses an absent
+    /// or empty partition and creates nothing, for looking at a store (`agl store inspect`).
+    pub create_missing: bool,
 }
 
 impl Default for PostgresOptions {
@@ -68,6 +71,7 @@ impl Default for PostgresOptions {
             scan_debounce_seconds: lifecycle::DEFAULT_SCAN_DEBOUNCE_SECONDS,
             sweep_interval: Some(sweeper::DEFAULT_SWEEP_INTERVAL),
             pool_size: 16,
+            create_missing: true,
         }
     }
 }
@@ -307,7 +311,14 @@ impl PostgresLightningStore {
             ))
         })?;
         let driver = tokio::spawn(connection);
-        let prepared = super::schema::prepare(&mut client, &schema).await;
+        let prepared = if options.create_missing {
+            super::schema::prepare(&mut client, &schema).await
+        } else {
+            match super::schema::require_store(&client, &schema).await {
+                Ok(()) => super::schema::prepare(&mut client, &schema).await,
+                Err(e) => Err(e),
+            }
+        };
         drop(client);
         let _ = driver.await;
         prepared?;
