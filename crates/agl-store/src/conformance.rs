@@ -743,6 +743,25 @@ pub async fn fresh_ids_with_spans(store: &dyn LightningStore) -> CaseResult {
         13,
         "the dropped duplicate and the refused span consumed 11 and 12"
     );
+    // An unknown rollout: refused, and its (orphan) counter keeps the block.
+    let unknown = store
+        .add_spans_with_fresh_ids(vec![
+            (plain_span("ro-nowhere", "at-x", 0, "y"), true),
+            (plain_span("ro-nowhere", "at-x", 0, "z"), true),
+        ])
+        .await;
+    ensure!(
+        matches!(unknown, Err(StoreError::NotFound { .. })),
+        "unknown rollout: {unknown:?}"
+    );
+    ensure_eq!(
+        store
+            .get_next_span_sequence_id("ro-nowhere", "at-x")
+            .await
+            .ctx("seq")?,
+        3,
+        "the refused spans of an unknown rollout consumed 1 and 2"
+    );
     // Two rollouts in one call: one block each.
     let t = store
         .start_rollout(EnqueueRolloutRequest::new(json!(2)), None)
