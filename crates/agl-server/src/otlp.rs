@@ -53,7 +53,7 @@ use agl_core::{
     AttributeValue, Attributes, OtelResource, Span, SpanContext, SpanEvent, SpanLink, SpanStatus,
     StatusCode,
 };
-use agl_store::{LightningStore, StoreError};
+use agl_store::{LightningStore, StoreError, lifecycle};
 use flate2::read::MultiGzDecoder;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as ProtoValue;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
@@ -614,67 +614,46 @@ pub async fn ingest(
         messages: converted.rejected,
         ..IngestReport::default()
     };
+    let spans: Vec<(Span, bool)> = converted
+        .spans
+        .into_iter()
+        .map(
+            |ConvertedSpan {
+                 mut span,
+                 sequence_id,
+             }| {
+                span.sequence_id = sequence_id.unwrap_or(0);
+                (span, sequence_id.is_none())
+            },
+        )
+        .collect();
     // The usual request (a runner's tracer exports the spans of its one attempt): ids and
     // spans in one store operation.
-    if let Some(first) = converted.spans.first()
-        && converted.spans.iter().all(|c| {
-            c.span.rollout_id == first.span.rollout_id && c.span.attempt_id == first.span.attempt_id
-        })
+    if let Some((first, _)) = spans.first()
+        && spans
+            .iter()
+            .all(|(s, _)| s.rollout_id == first.rollout_id && s.attempt_id == first.attempt_id)
     {
-        let (rollout_id, attempt_id) =
-            (first.span.rollout_id.clone(), first.span.attempt_id.clone());
-        let count = u64::try_from(converted.spans.len()).unwrap_or(u64::MAX);
-        let spans = converted
-            .spans
-            .into_iter()
-            .map(
-                |ConvertedSpan {
-                     mut span,
-                     sequence_id,
-                 }| {
-                    span.sequence_id = sequence_id.unwrap_or(0);
-                    (span, sequence_id.is_none())
-                },
-            )
-            .collect();
+        let (rollout_id, attempt_id) = (first.rollout_id.clone(), first.attempt_id.clone());
+        let count = u64::try_from(spans.len()).unwrap_or(u64::MAX);
         let result = store.add_spans_with_fresh_ids(spans).await;
         report.record(result, count, &rollout_id, &attempt_id)?;
         return Ok(report);
     }
     // Fresh sequence ids: one block per rollout (one store operation), handed out in span
     // order, so ids still follow the order of the spans in the request (§6.2).
-    let mut wanted: Vec<(String, String, u32)> = Vec::new();
-    for c in converted.spans.iter().filter(|c| c.sequence_id.is_none()) {
-        match wanted.iter_mut().find(|(r, _, _)| *r == c.span.rollout_id) {
-            Some(w) => w.2 = w.2.saturating_add(1),
-            None => wanted.push((c.span.rollout_id.clone(), c.span.attempt_id.clone(), 1)),
-        }
-    }
-    let mut next: HashMap<String, i64> = HashMap::with_capacity(wanted.len());
-    for (rollout_id, attempt_id, count) in wanted {
-        let first = store
-            .get_next_span_sequence_ids(&rollout_id, &attempt_id, count)
-            .await?;
-        next.insert(rollout_id, first);
+    let blocks = lifecycle::fresh_id_blocks(&spans);
+    let mut firsts = Vec::with_capacity(blocks.len());
+    for b in &blocks {
+        firsts.push(
+            store
+                .get_next_span_sequence_ids(&b.rollout_id, &b.attempt_id, b.count)
+                .await?,
+        );
     }
     let mut groups: Vec<(String, String, Vec<Span>)> = Vec::new();
     let mut index: HashMap<(String, String), usize> = HashMap::new();
-    for ConvertedSpan {
-        mut span,
-        sequence_id,
-    } in converted.spans
-    {
-        span.sequence_id = match sequence_id {
-            Some(id) => id,
-            None => {
-                let slot = next.get_mut(&span.rollout_id).ok_or_else(|| {
-                    StoreError::Backend("sequence id block missing for a rollout".into())
-                })?;
-                let id = *slot;
-                *slot = slot.saturating_add(1);
-                id
-            }
-        };
+    for span in lifecycle::number_fresh_spans(spans, &blocks, &firsts)? {
         let key = (span.rollout_id.clone(), span.attempt_id.clone());
         let slot = *index.entry(key).or_insert_with(|| {
             groups.push((span.rollout_id.clone(), span.attempt_id.clone(), Vec::new()));
@@ -1410,6 +1389,41 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(store.get_next_span_sequence_id(&r, &a).await.unwrap(), 11);
+    }
+
+    #[tokio::test]
+    async fn spans_of_two_attempts_share_one_block_of_their_rollout_in_span_order() {
+        let (store, r, a) = store_with_attempt().await;
+        let b = store
+            .start_attempt(&r, None)
+            .await
+            .unwrap()
+            .attempt
+            .attempt_id;
+        let mut req = request(ids(&r, &a), vec![span(1, "a1", vec![])]);
+        for (attempt, id, name) in [(&b, 2, "b1"), (&a, 3, "a2")] {
+            req.resource_spans
+                .extend(request(ids(&r, attempt), vec![span(id, name, vec![])]).resource_spans);
+        }
+        let report = ingest(&store, convert(&req)).await.unwrap();
+        assert_eq!((report.accepted, report.rejected), (3, 0));
+        let mut stored: Vec<(String, String, i64)> = store
+            .list_spans(&r, None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.name, s.attempt_id, s.sequence_id))
+            .collect();
+        stored.sort_by_key(|(_, _, seq)| *seq);
+        assert_eq!(
+            stored,
+            vec![
+                ("a1".to_string(), a.clone(), 1),
+                ("b1".to_string(), b.clone(), 2),
+                ("a2".to_string(), a.clone(), 3),
+            ]
+        );
+        assert_eq!(store.get_next_span_sequence_id(&r, &a).await.unwrap(), 4);
     }
 
     #[tokio::test]

@@ -1000,11 +1000,6 @@ impl Ctx {
         Ok(issued)
     }
 
-    /// `add_span(s)`: raises the sequence counters (kept even if the call fails, §4.7), checks
-    /// every target, then inserts with one cached statement (`INSERT OR IGNORE` drops
-    /// duplicates, `UNIQUE(rollout_seq, attempt_id, span_id)`) and applies
-    /// [`lifecycle::record_span`] to each stored span in order. Each rollout and attempt is
-    /// read and written once per call. `spans` come with their JSON bodies.
     /// `add_spans_with_fresh_ids`: one block per rollout ([`Ctx::next_sequence_ids`]), the
     /// spans numbered, then [`Ctx::add_spans`]. The blocks stay issued when the spans are
     /// refused, as with the two calls.
@@ -1032,6 +1027,11 @@ impl Ctx {
         self.add_spans(encoded, now)
     }
 
+    /// `add_span(s)`: raises the sequence counters (kept even if the call fails, §4.7), checks
+    /// every target, then inserts with one cached statement (`INSERT OR IGNORE` drops
+    /// duplicates, `UNIQUE(rollout_seq, attempt_id, span_id)`) and applies
+    /// [`lifecycle::record_span`] to each stored span in order. Each rollout and attempt is
+    /// read and written once per call. `spans` come with their JSON bodies.
     pub(crate) fn add_spans(
         &mut self,
         spans: Vec<(Span, String)>,
