@@ -127,7 +127,8 @@ pub struct ServeArgs {
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
     /// Summarise a store written by `agl train --store` or `agl store`: a SQLite file or a
-    /// PostgreSQL partition (`postgres://…?partition=NAME`). Writes nothing.
+    /// PostgreSQL partition (`postgres://…?partition=NAME`). Creates nothing and runs no
+    /// watchdog.
     Inspect(InspectArgs),
 }
 

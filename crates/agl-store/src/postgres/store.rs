@@ -61,7 +61,8 @@ pub struct PostgresOptions {
     /// Default 16.
     pub pool_size: usize,
     /// Create the store when the partition has none (the default). `false` refuses an absent
-    /// or empty partition and creates nothing, for looking at a store (`agl store inspect`).
+    /// or empty partition and creates nothing, for looking at a store (`agl store inspect`);
+    /// a store of an older schema version is still migrated (there is only version 1 so far).
     pub create_missing: bool,
 }
 
