@@ -53,7 +53,7 @@ use agl_core::{
     AttributeValue, Attributes, OtelResource, Span, SpanContext, SpanEvent, SpanLink, SpanStatus,
     StatusCode,
 };
-use agl_store::{LightningStore, StoreError, lifecycle};
+use agl_store::{LightningStore, StoreError};
 use flate2::read::MultiGzDecoder;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as ProtoValue;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
@@ -642,18 +642,9 @@ pub async fn ingest(
     }
     // Fresh sequence ids: one block per rollout (one store operation), handed out in span
     // order, so ids still follow the order of the spans in the request (§6.2).
-    let blocks = lifecycle::fresh_id_blocks(&spans);
-    let mut firsts = Vec::with_capacity(blocks.len());
-    for b in &blocks {
-        firsts.push(
-            store
-                .get_next_span_sequence_ids(&b.rollout_id, &b.attempt_id, b.count)
-                .await?,
-        );
-    }
     let mut groups: Vec<(String, String, Vec<Span>)> = Vec::new();
     let mut index: HashMap<(String, String), usize> = HashMap::new();
-    for span in lifecycle::number_fresh_spans(spans, &blocks, &firsts)? {
+    for span in store.issue_span_sequence_ids(spans).await? {
         let key = (span.rollout_id.clone(), span.attempt_id.clone());
         let slot = *index.entry(key).or_insert_with(|| {
             groups.push((span.rollout_id.clone(), span.attempt_id.clone(), Vec::new()));

@@ -231,6 +231,23 @@ pub trait LightningStore: Send + Sync {
         &self,
         spans: Vec<(Span, bool)>,
     ) -> Result<Vec<Span>, StoreError> {
+        let spans = self.issue_span_sequence_ids(spans).await?;
+        if spans.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.add_spans(spans).await
+    }
+
+    /// Gives the spans marked `true` fresh sequence ids, one block per rollout with one
+    /// [`get_next_span_sequence_ids`](Self::get_next_span_sequence_ids) call each (see
+    /// [`lifecycle::fresh_id_blocks`](crate::lifecycle::fresh_id_blocks)), and returns every
+    /// span in order, storing none: the first half of
+    /// [`add_spans_with_fresh_ids`](Self::add_spans_with_fresh_ids), for callers that store
+    /// the spans in several calls (OTLP ingest of an export that spans several attempts).
+    async fn issue_span_sequence_ids(
+        &self,
+        spans: Vec<(Span, bool)>,
+    ) -> Result<Vec<Span>, StoreError> {
         let blocks = crate::lifecycle::fresh_id_blocks(&spans);
         let mut firsts = Vec::with_capacity(blocks.len());
         for b in &blocks {
@@ -239,11 +256,7 @@ pub trait LightningStore: Send + Sync {
                     .await?,
             );
         }
-        let spans = crate::lifecycle::number_fresh_spans(spans, &blocks, &firsts)?;
-        if spans.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.add_spans(spans).await
+        crate::lifecycle::number_fresh_spans(spans, &blocks, &firsts)
     }
 
     /// Spans of one rollout matching the query; default order `(sequence_id, insertion

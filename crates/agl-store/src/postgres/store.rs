@@ -312,14 +312,13 @@ impl PostgresLightningStore {
             ))
         })?;
         let driver = tokio::spawn(connection);
-        let prepared = if options.create_missing {
-            super::schema::prepare(&mut client, &schema).await
-        } else {
-            match super::schema::require_store(&client, &schema).await {
-                Ok(()) => super::schema::prepare(&mut client, &schema).await,
-                Err(e) => Err(e),
+        let prepared = async {
+            if !options.create_missing {
+                super::schema::require_store(&client, &schema).await?;
             }
-        };
+            super::schema::prepare(&mut client, &schema).await
+        }
+        .await;
         drop(client);
         let _ = driver.await;
         prepared?;
