@@ -35,17 +35,10 @@ impl Sweeper {
     where
         T: Send + Sync + 'static,
     {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return Sweeper::disabled();
-        };
-        let task = handle.spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticker.tick().await;
-            loop {
-                ticker.tick().await;
-                let state = state.clone();
-                let alive = tokio::task::spawn_blocking(move || match state.upgrade() {
+        Self::every(interval, move || {
+            let state = state.clone();
+            async move {
+                tokio::task::spawn_blocking(move || match state.upgrade() {
                     Some(state) => {
                         scan(&state);
                         true
@@ -53,13 +46,9 @@ impl Sweeper {
                     None => false,
                 })
                 .await
-                .unwrap_or(false);
-                if !alive {
-                    break;
-                }
+                .unwrap_or(false)
             }
-        });
-        Sweeper { task: Some(task) }
+        })
     }
 
     /// Like [`Sweeper::spawn`] for a backend whose scan is async (it runs on the runtime, not
@@ -72,6 +61,28 @@ impl Sweeper {
     where
         T: Send + Sync + 'static,
     {
+        Self::every(interval, move || {
+            let state = state.upgrade();
+            async move {
+                match state {
+                    Some(state) => {
+                        scan(&state).await;
+                        true
+                    }
+                    None => false,
+                }
+            }
+        })
+    }
+
+    /// Runs `tick` every `interval` (the first after one interval; a late tick delays the
+    /// next) on the current runtime until it answers `false` (the store is gone); disabled
+    /// without a runtime.
+    fn every<F, Fut>(interval: Duration, mut tick: F) -> Self
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = bool> + Send,
+    {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return Sweeper::disabled();
         };
@@ -81,10 +92,9 @@ impl Sweeper {
             ticker.tick().await;
             loop {
                 ticker.tick().await;
-                let Some(state) = state.upgrade() else {
+                if !tick().await {
                     break;
-                };
-                scan(&state).await;
+                }
             }
         });
         Sweeper { task: Some(task) }

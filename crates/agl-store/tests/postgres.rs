@@ -421,3 +421,43 @@ async fn an_open_that_must_not_create_refuses_a_missing_store_and_creates_nothin
     let looked = PostgresLightningStore::open(&url, look()).await.unwrap();
     assert_eq!(looked.statistics().await.unwrap().total_rollouts, 1);
 }
+
+/// With a 10 s lazy-scan debounce and no calls, only the background sweeper (the async one)
+/// can notice a 0.2 s timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_sweeper_times_out_attempts_without_any_call() {
+    let spec = format!("{}?partition={}", url(), fresh_partition("sweeper"));
+    let url: PostgresUrl = spec.parse().unwrap();
+    let store = PostgresLightningStore::open(
+        &url,
+        PostgresOptions {
+            scan_debounce_seconds: 10.0,
+            sweep_interval: Some(std::time::Duration::from_millis(50)),
+            ..PostgresOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let request = agl_core::EnqueueRolloutRequest {
+        config: Some(agl_core::RolloutConfig {
+            timeout_seconds: Some(0.2),
+            ..agl_core::RolloutConfig::default()
+        }),
+        ..agl_core::EnqueueRolloutRequest::new(serde_json::json!("slow"))
+    };
+    store.start_rollout(request, None).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    // statistics() never runs the lazy scan.
+    let stats = store.statistics().await.unwrap();
+    assert_eq!(
+        stats.attempts_by_status[&agl_core::AttemptStatus::Timeout],
+        1,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.rollouts_by_status[&agl_core::RolloutStatus::Failed],
+        1,
+        "{stats:?}"
+    );
+    store.close().await.unwrap();
+}
