@@ -91,6 +91,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::Barrier;
 
+use crate::store_cmd::redacted;
+
 /// Worker threads of the in-process server's runtime.
 const SERVER_WORKER_THREADS: usize = 2;
 
@@ -257,22 +259,6 @@ pub struct ServerBenchArgs {
 /// The query parameter that names a PostgreSQL partition.
 const PARTITION_PARAM: &str = "partition=";
 
-/// `url` with its password, if any, replaced by `***`.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
-}
-
 /// `url` (a database URL without `partition`) naming `partition`.
 fn with_partition(url: &str, partition: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
@@ -326,7 +312,7 @@ impl ServerBenchArgs {
                      `scripts/postgres.sh --shell` prints"
                 );
             };
-            let shown = redact_url(url);
+            let shown = redacted(url);
             anyhow::ensure!(
                 agl_store::postgres::is_postgres_url(url),
                 "--postgres-url {shown}: a PostgreSQL URL starts with postgres:// or postgresql://"
@@ -381,7 +367,7 @@ impl ServerBenchArgs {
                     .any(|b| matches!(b, RowBackend::Postgres { .. }))
                     && let Some(url) = &self.postgres_url
                 {
-                    cmd.push_str(&format!(" --postgres-url {}", redact_url(url)));
+                    cmd.push_str(&format!(" --postgres-url {}", redacted(url)));
                 }
                 if plan.contains(&RowBackend::AgentLightning)
                     && let Some(python) = &self.agentlightning_python
@@ -1080,7 +1066,7 @@ async fn fresh_store(
                 bail!("--backend postgres needs --postgres-url");
             };
             let partition = format!("bench_{}_{n}", std::process::id());
-            let shown = redact_url(&with_partition(base, &partition));
+            let shown = redacted(&with_partition(base, &partition));
             let url: PostgresUrl = with_partition(base, &partition)
                 .parse()
                 .with_context(|| format!("--postgres-url {shown}"))?;
@@ -1777,7 +1763,7 @@ mod tests {
     }
 
     #[test]
-    fn partitions_are_appended_and_passwords_redacted() {
+    fn partitions_are_appended_to_the_url() {
         assert_eq!(
             with_partition("postgres://h/db", "bench_1_2"),
             "postgres://h/db?partition=bench_1_2"
@@ -1790,12 +1776,6 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(url.schema, "agl_bench_7_3");
-        assert_eq!(
-            redact_url("postgres://u:p@ss@h:1/db?x=1"),
-            "postgres://u:***@h:1/db?x=1"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
     }
 
     #[test]

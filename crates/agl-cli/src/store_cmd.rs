@@ -627,6 +627,16 @@ mod tests {
     }
 
     #[test]
+    fn redacted_hides_only_the_password() {
+        assert_eq!(
+            redacted("postgres://u:p@ss@h:1/db?x=1"),
+            "postgres://u:***@h:1/db?x=1"
+        );
+        assert_eq!(redacted("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redacted("postgres://h/db"), "postgres://h/db");
+    }
+
+    #[test]
     fn inspect_refuses_a_missing_file_without_creating_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nope.sqlite");
