@@ -5,18 +5,12 @@
 //! No timing assertions.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 
 use serde_json::Value;
 
-fn agl() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agl"));
-    c.env_remove("AGL_DATA")
-        .env_remove("AGL_STORE_TOKEN")
-        .env_remove("AGL_AUDIT_KEY_FILE");
-    c
-}
+mod common;
+use common::{agl_command as agl, start_store};
 
 fn bench(args: &[&str]) -> Output {
     agl()
@@ -163,33 +157,9 @@ fn rest_batch_sends_one_batch_per_rollout_and_odd_spans_split() {
     }
 }
 
-/// Kills the server when dropped (the test must not leak it).
-struct Reaper(Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn url_mode_drives_a_running_agl_store() {
-    let mut child = agl()
-        .args(["store", "--port", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let server = Reaper(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .to_string();
+    let (server, url) = start_store(&[]);
     let o = bench(&[
         "--url",
         &url,

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use agl_core::{AttemptStatus, RolloutStatus, WorkerStatus};
@@ -16,49 +16,15 @@ use agl_store::{LightningStore, RolloutQuery};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+mod common;
+use common::{Reaper, agl_command as agl, start_store};
+
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider")
 }
 
-fn agl() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agl"));
-    c.env_remove("AGL_DATA")
-        .env_remove("AGL_STORE_TOKEN")
-        .env_remove("AGL_AUDIT_KEY_FILE");
-    c
-}
-
-/// Kills the process when dropped (the test must not leak servers or runners).
-struct Reaper(Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
-}
-
-/// Starts `agl store --port 0` and returns it with its URL (read from its first stdout line).
-fn start_store() -> (Reaper, String) {
-    let mut child = agl()
-        .args(["store", "--port", "0", "--scan-debounce", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .to_string();
-    (Reaper(child), url)
 }
 
 fn start_runner(url: &str) -> Reaper {
@@ -113,7 +79,7 @@ fn report_without_timing(path: &Path) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_runner_attempts_become_unresponsive_and_are_retried() {
     let dir = tempfile::tempdir().unwrap();
-    let (_store, url) = start_store();
+    let (_store, url) = start_store(&["--scan-debounce", "0"]);
     let client = StoreClient::new(&url).unwrap();
     let victim = start_runner(&url);
     let _survivor = start_runner(&url);

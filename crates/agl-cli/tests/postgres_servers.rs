@@ -12,8 +12,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,6 +31,9 @@ use agl_store::{
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
+
+mod common;
+use common::{Reaper, start_store};
 
 fn base_url() -> String {
     std::env::var("AGL_TEST_POSTGRES_URL")
@@ -275,42 +276,9 @@ async fn the_conformance_suite_passes_through_two_servers_of_one_database() {
 // SIGKILL of one of two server processes
 // ---------------------------------------------------------------------------------------------
 
-/// Kills the process when dropped (the test must not leak servers).
-struct Reaper(Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `agl store --db STORE --port 0` and returns it with its URL (its first stdout line).
 fn start_server(store: &str) -> (Reaper, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agl"))
-        .env_remove("AGL_STORE_TOKEN")
-        .args([
-            "store",
-            "--port",
-            "0",
-            "--scan-debounce",
-            "0.2",
-            "--db",
-            store,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .to_string();
-    (Reaper(child), url)
+    start_store(&["--scan-debounce", "0.2", "--db", store])
 }
 
 /// What the clients saw acknowledged.
@@ -562,10 +530,7 @@ async fn a_killed_server_loses_no_acknowledged_write_and_runners_go_on_through_t
 // ---------------------------------------------------------------------------------------------
 
 fn inspect(store: &str) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_agl"))
-        .args(["store", "inspect", store, "--json", "--last", "2"])
-        .output()
-        .unwrap()
+    common::agl(&["store", "inspect", store, "--json", "--last", "2"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

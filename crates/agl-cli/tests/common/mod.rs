@@ -2,8 +2,9 @@
 //! a clean environment, and judge its one-line errors.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -18,6 +19,48 @@ pub fn agl(args: &[&str]) -> Output {
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
         .output()
         .expect("run agl")
+}
+
+/// `agl` as a `Command` to spawn, without the environment variables that would change its
+/// defaults or its authentication (`AGL_DATA`, `AGL_STORE_TOKEN`, `AGL_AUDIT_KEY_FILE`).
+pub fn agl_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agl"));
+    c.env_remove("AGL_DATA")
+        .env_remove("AGL_STORE_TOKEN")
+        .env_remove("AGL_AUDIT_KEY_FILE");
+    c
+}
+
+/// Kills the process when dropped (a test must not leak servers or runners).
+pub struct Reaper(pub Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `agl store --port 0 EXTRA…` and returns it with its URL (read from its first stdout
+/// line).
+pub fn start_store(extra: &[&str]) -> (Reaper, String) {
+    let mut child = agl_command()
+        .args(["store", "--port", "0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let server = Reaper(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_string();
+    (server, url)
 }
 
 /// The process's standard error as text.
