@@ -25,11 +25,14 @@ use agl_gov::{Action, ActionKind, FlightRecorder, GovernanceMode, Kernel, Policy
 use agl_spider::{
     CandidateConfig, Executor, ExecutorConfig, SpiderDataset, Split, execution_match,
 };
+use agl_spider::{
+    SparseFeatures, SpiderAction, SpiderEnv, SpiderObservation, SpiderTask, TaskConfig,
+    build_kernel,
+};
 use agl_train::{
     Agent, AgentError, EmitterConfig, Environment, EnvironmentConfig, FlightRecorderEmitter,
     GovernedEnvironment, GovernedRollout, GovernedRunner, PolicyReward, PolicyViolation,
-    RewardConfig, SparseFeatures, SpiderAction, SpiderEnv, SpiderObservation, SpiderTask,
-    StepContext, TaskConfig, build_kernel,
+    RewardConfig, StepContext,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -51,7 +54,7 @@ impl LinearAgent {
     fn new(task: Arc<SpiderTask>, seed: u64) -> Self {
         LinearAgent {
             task,
-            weights: vec![0.0; agl_train::FEATURE_DIM],
+            weights: vec![0.0; agl_spider::FEATURE_DIM],
             baseline: 0.0,
             learning_rate: 0.3,
             rng: ChaCha8Rng::seed_from_u64(seed),

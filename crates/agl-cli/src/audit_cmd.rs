@@ -12,6 +12,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use agl_core::semconv;
 use agl_gov::{
     AUDIT_KEY_FILE_ENV, GENESIS_HASH, Head, HeadSource, Query, RecordEntry, RecorderReader,
     Summary, VerifyOptions, hmac_key_from_file,
@@ -263,28 +264,28 @@ pub fn otlp_span(e: &RecordEntry) -> Value {
     };
     let nanos = ((e.time * 1e6).round().max(0.0) as u64).saturating_mul(1000);
     let mut attributes = vec![
-        kv_int("agent_os.seq", e.seq),
-        kv_str("agent_os.verdict", e.verdict.as_str()),
-        kv_str("agent_os.mode", e.mode.as_str()),
-        kv_str("agent_os.action_type", &e.action_type),
-        json!({"key": "agent_os.policies_violated", "value": {"arrayValue": {"values":
+        kv_int(semconv::agent_os::SEQ, e.seq),
+        kv_str(semconv::agent_os::VERDICT, e.verdict.as_str()),
+        kv_str(semconv::agent_os::MODE, e.mode.as_str()),
+        kv_str(semconv::agent_os::ACTION_TYPE, &e.action_type),
+        json!({"key": semconv::agent_os::POLICIES_VIOLATED, "value": {"arrayValue": {"values":
             e.policies.iter().map(|p| json!({"stringValue": p})).collect::<Vec<_>>()}}}),
-        kv_int("agent_os.violations", e.violations.len() as u64),
-        json!({"key": "agent_os.blocked", "value": {"boolValue": e.verdict == agl_gov::Verdict::Block}}),
-        kv_str("agent_os.hash", &e.hash),
-        kv_str("agent_os.prev_hash", &e.prev_hash),
+        kv_int(semconv::agent_os::VIOLATIONS, e.violations.len() as u64),
+        json!({"key": semconv::agent_os::BLOCKED, "value": {"boolValue": e.verdict == agl_gov::Verdict::Block}}),
+        kv_str(semconv::agent_os::HASH, &e.hash),
+        kv_str(semconv::agent_os::PREV_HASH, &e.prev_hash),
     ];
     if let Some(s) = e.severity {
-        attributes.push(kv_str("agent_os.severity", s.as_str()));
+        attributes.push(kv_str(semconv::agent_os::SEVERITY, s.as_str()));
     }
     if let Some(a) = &e.agent_id {
-        attributes.push(kv_str("agent_os.agent_id", a));
+        attributes.push(kv_str(semconv::agent_os::AGENT_ID, a));
     }
     if let Some(r) = &e.rollout_id {
-        attributes.push(kv_str("agl.rollout_id", r));
+        attributes.push(kv_str(semconv::agl::ROLLOUT_ID, r));
     }
     if let Some(a) = &e.attempt_id {
-        attributes.push(kv_str("agl.attempt_id", a));
+        attributes.push(kv_str(semconv::agl::ATTEMPT_ID, a));
     }
     json!({
         "traceId": trace_id,
@@ -303,7 +304,7 @@ fn otlp_document(spans: Vec<Value>) -> Value {
         "resourceSpans": [{
             "resource": {"attributes": [kv_str("service.name", "agl-gov")]},
             "scopeSpans": [{
-                "scope": {"name": "agl.flight_recorder"},
+                "scope": {"name": semconv::agl::FLIGHT_RECORDER_SCOPE},
                 "spans": spans,
             }],
         }],

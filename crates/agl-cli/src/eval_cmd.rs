@@ -2,7 +2,7 @@
 //! short table and write the report.
 //!
 //! Two agents:
-//! - `--agent llm`: the SQL-writing LLM agent ([`agl_train::LlmSqlAgent`]: write → execute →
+//! - `--agent llm`: the SQL-writing LLM agent ([`agl_spider::LlmSqlAgent`]: write → execute →
 //!   check → rewrite, at most `--max-turns` queries). The model runs in the built-in engine in
 //!   this process (`--model`, optionally a LoRA `--adapter DIR`), or any OpenAI-compatible
 //!   server (`--llm-upstream URL`). An in-memory store and its HTTP server with the LLM gateway
@@ -12,7 +12,7 @@
 //! - `--agent scorer`: the built-in candidate-choosing policy (the scorer `agl train` trains),
 //!   evaluated as `agl train` evaluates it (greedy choice, kernel enforcing): untrained,
 //!   initialised from `--seed`, or with `--checkpoint DIR` the parameters `agl train
-//!   --checkpoint-dir` saved (`agl_train::checkpoint`), on the candidate sets of the
+//!   --checkpoint-dir` saved (`agl_spider::scorer::checkpoint`), on the candidate sets of the
 //!   checkpoint's run (its seed, candidates, distractors). A missing or malformed checkpoint is
 //!   refused before any data is loaded.
 //!
@@ -33,12 +33,13 @@ use std::time::{Duration, Instant};
 use agl_core::RolloutMode;
 use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile, TableStats};
 use agl_spider::{CandidateConfig, ExecutorConfig, Question, SpiderDataset, Split, db_info};
-use agl_store::RolloutQuery;
-use agl_train::{
-    EvalStats, LlmSqlAgent, PolicyCounts, RewardConfig, Session, SpiderTask, SqlAgentConfig,
-    SqlEvalRow, SqlEvalSummary, SqlTaskReward, TaskConfig, TrainConfig, build_kernel,
-    initial_policy, rollout_result, sql_agent_reward,
+use agl_spider::{
+    EvalStats, LlmSqlAgent, PolicyCounts, Session, SpiderTask, SqlAgentConfig, SqlEvalRow,
+    SqlEvalSummary, SqlTaskReward, TaskConfig, TrainConfig, build_kernel, initial_policy,
+    rollout_result, sql_agent_reward,
 };
+use agl_store::RolloutQuery;
+use agl_train::RewardConfig;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
@@ -46,6 +47,7 @@ use serde::Serialize;
 
 use crate::llm_cmd::Weights;
 use crate::llm_rollouts::{BatchPlan, LlmStage, progress_bar};
+use agl_core::semconv;
 
 /// Which agent `agl eval` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -325,7 +327,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     }
     // Fail before loading any data when the checkpoint is missing or malformed.
     let checkpoint = match &args.checkpoint {
-        Some(dir) => Some(agl_train::checkpoint::load(dir)?),
+        Some(dir) => Some(agl_spider::scorer::checkpoint::load(dir)?),
         None => None,
     };
     let seed = checkpoint
@@ -564,7 +566,7 @@ fn run_scorer(
     dataset: &SpiderDataset,
     policy: &PolicyFile,
     picked: &[usize],
-    checkpoint: Option<&agl_train::Checkpoint>,
+    checkpoint: Option<&agl_spider::Checkpoint>,
 ) -> anyhow::Result<Outcome> {
     let all = dataset.questions(args.split);
     let needed = picked.iter().max().map_or(0, |m| m + 1);
@@ -630,7 +632,7 @@ fn run_scorer(
             kernel,
         )?;
         let untrained;
-        let model: &dyn agl_train::PolicyModel = match checkpoint {
+        let model: &dyn agl_spider::PolicyModel = match checkpoint {
             Some(c) => &c.scorer,
             None => {
                 untrained = initial_policy(args.seed)?;
@@ -648,7 +650,7 @@ fn run_scorer(
             // one entry per violation span (a policy can report one action twice)
             let per_violation: Vec<String> = spans
                 .iter()
-                .filter_map(|s| s.attributes.get("agent_os.violation.policy"))
+                .filter_map(|s| s.attributes.get(semconv::agent_os::VIOLATION_POLICY))
                 .filter_map(|p| p.as_str().map(str::to_string))
                 .collect();
             rows.push((rollout_result(r, &spans)?, per_violation));
@@ -694,7 +696,7 @@ fn print_table(
     args: &EvalArgs,
     o: &Outcome,
     seconds: f64,
-    checkpoint: Option<&agl_train::Checkpoint>,
+    checkpoint: Option<&agl_spider::Checkpoint>,
 ) {
     let who = match (&o.llm, checkpoint) {
         (Some(l), _) => format!("llm agent, model `{}` ({})", l.model, l.upstream),

@@ -18,11 +18,9 @@ use std::time::{Duration, Instant};
 use agl_core::{EnqueueRolloutRequest, LlmResource, NamedResources, Resource, RolloutMode, Span};
 use agl_gov::Kernel;
 use agl_spider::Question;
+use agl_spider::{LlmSqlAgent, SqlAgentOutput, SqlEvalRow, sql_eval_row};
 use agl_store::{InMemoryLightningStore, LightningStore};
-use agl_train::{
-    CancellationToken, GovernedRunner, LlmSqlAgent, PolicyReward, SqlAgentOutput, SqlEvalRow,
-    sql_eval_row,
-};
+use agl_train::{CancellationToken, GovernedRunner, PolicyReward};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 

@@ -1,7 +1,7 @@
 //! Learning-curve plots (SVG, plotters): reward, violation rate and accuracy per GRPO update,
 //! one line per run, smoothed with a trailing moving average of 10 updates.
 
-use agl_train::{CurvePoint, RunReport};
+use agl_spider::{CurvePoint, RunReport};
 use plotters::prelude::*;
 
 const WINDOW: usize = 10;

@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 use agl_core::AttemptedRollout;
 use agl_gov::{FlightRecorder, PolicyFile};
 use agl_server::{ClientOptions, StoreClient};
-use agl_spider::{ExecutorConfig, SpiderDataset};
-use agl_store::LightningStore;
-use agl_train::{
-    Assignment, RunSpec, RunnerResolver, SpiderRunner, SpiderTask, TaskConfig, TrainError,
-    TrainingMode, WorkerOptions, build_kernel, run_worker,
+use agl_spider::{
+    Assignment, RunSpec, RunnerResolver, SpiderRunner, SpiderTask, TaskConfig, WorkerOptions,
+    build_kernel, run_worker,
 };
+use agl_spider::{ExecutorConfig, SpiderDataset, SpiderError};
+use agl_store::LightningStore;
+use agl_train::TrainingMode;
 use anyhow::Context;
 use clap::Args;
 
@@ -70,15 +71,15 @@ struct ResourceRunners {
 /// The runner of a spec's `train` rollouts and the (enforcing) runner of the others.
 type RunnerPair = (Arc<SpiderRunner>, Arc<SpiderRunner>);
 
-fn runner_error(rollout: &AttemptedRollout, message: String) -> TrainError {
-    TrainError::Rollout {
+fn runner_error(rollout: &AttemptedRollout, message: String) -> SpiderError {
+    SpiderError::Rollout {
         rollout_id: rollout.rollout.rollout_id.clone(),
         message,
     }
 }
 
 impl ResourceRunners {
-    fn task(&self, spec: &RunSpec) -> Result<Arc<SpiderTask>, TrainError> {
+    fn task(&self, spec: &RunSpec) -> Result<Arc<SpiderTask>, SpiderError> {
         let key = spec.task_key();
         let mut tasks = self.tasks.lock().map_err(|_| poisoned())?;
         if let Some(t) = tasks.get(&key) {
@@ -117,8 +118,8 @@ impl ResourceRunners {
     }
 }
 
-fn poisoned() -> TrainError {
-    TrainError::Worker("a runner lock was poisoned by a panicking worker".into())
+fn poisoned() -> SpiderError {
+    SpiderError::Worker("a runner lock was poisoned by a panicking worker".into())
 }
 
 impl RunnerResolver for ResourceRunners {
@@ -127,7 +128,7 @@ impl RunnerResolver for ResourceRunners {
         handle: &tokio::runtime::Handle,
         store: &dyn LightningStore,
         rollout: &AttemptedRollout,
-    ) -> Result<Assignment, TrainError> {
+    ) -> Result<Assignment, SpiderError> {
         let Some(rid) = rollout.rollout.resources_id.as_deref() else {
             return Err(runner_error(
                 rollout,
@@ -155,7 +156,7 @@ impl RunnerResolver for ResourceRunners {
                 Some(pair) => pair.clone(),
                 None => {
                     let policy = PolicyFile::resolve(&spec.policy)?;
-                    let runner = |mode: TrainingMode| -> Result<Arc<SpiderRunner>, TrainError> {
+                    let runner = |mode: TrainingMode| -> Result<Arc<SpiderRunner>, SpiderError> {
                         let k = build_kernel(
                             &task,
                             &policy,

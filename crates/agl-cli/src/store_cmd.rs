@@ -34,6 +34,7 @@ use agl_server::Upstream;
 
 use crate::gateway_args::{GatewayArgs, UpstreamArgs};
 use crate::llm_cmd::{EngineArgs, start_engine};
+use agl_core::semconv;
 
 /// `agl store [OPTIONS]` serves; `agl store inspect PATH` inspects.
 #[derive(Debug, Args)]
@@ -355,11 +356,15 @@ fn int_attr(span: &Span, key: &str) -> Option<u64> {
 /// annotation.
 fn summarise(spans: &[Span]) -> SpanSummary {
     let counted = spans.iter().find_map(|s| {
-        int_attr(s, "agent_os.violations").or_else(|| int_attr(s, "agent_os.violation_count"))
+        int_attr(s, semconv::agent_os::VIOLATIONS)
+            .or_else(|| int_attr(s, semconv::agent_os::VIOLATION_COUNT))
     });
     let annotated = spans
         .iter()
-        .filter(|s| s.attributes.contains_key("agent_os.violation.policy"))
+        .filter(|s| {
+            s.attributes
+                .contains_key(semconv::agent_os::VIOLATION_POLICY)
+        })
         .count() as u64;
     SpanSummary {
         reward: find_final_reward(spans),

@@ -7,7 +7,7 @@
 //! penalises. `--compare audit,shield,screen,enforce` trains once per listed mode with the same
 //! seed; the bare `--compare` means `audit,enforce`.
 //!
-//! Checkpoints of the scorer (formats and checks in `agl_train::checkpoint`):
+//! Checkpoints of the scorer (formats and checks in `agl_spider::scorer::checkpoint`):
 //! `--checkpoint-dir DIR [--checkpoint-every N]` saves `DIR/step-N/` after every N-th GRPO
 //! update (the trainer's loop unit: one batch of `--batch-questions` questions) and
 //! `DIR/final/` after the last one (with `--compare`, `DIR/<mode>/…` per mode), each
@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 use agl_core::{AttemptStatus, RolloutConfig};
 use agl_gov::{FlightRecorder, GovernanceMode};
 use agl_spider::{CandidateConfig, ExecutorConfig, SpiderDataset, Split};
-use agl_store::LightningStore;
-use agl_train::TrainingMode;
-use agl_train::{
+use agl_spider::{
     CheckpointPlan, EvalStats, GrpoConfig, RunOptions, RunReport, RunSpec, Session, SpiderTask,
     TaskConfig, TrainConfig, build_kernel, initial_policy,
 };
+use agl_store::LightningStore;
+use agl_train::TrainingMode;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -257,7 +257,7 @@ fn terminate(c: &mut std::process::Child) {
 /// rollouts it waits for).
 async fn guarded<T>(
     runners: &std::sync::Mutex<Option<RunnerProcesses>>,
-    fut: impl std::future::Future<Output = Result<T, agl_train::TrainError>>,
+    fut: impl std::future::Future<Output = Result<T, agl_spider::SpiderError>>,
 ) -> anyhow::Result<T> {
     tokio::pin!(fut);
     loop {
@@ -310,7 +310,7 @@ pub(crate) fn data_dir(arg: Option<PathBuf>) -> PathBuf {
 struct Report<'a> {
     seed: u64,
     config: ReportConfig<'a>,
-    data: &'a agl_train::PreparationReport,
+    data: &'a agl_spider::PreparationReport,
     untrained: Phase<'a>,
     runs: std::collections::BTreeMap<&'static str, &'a RunReport>,
     seconds: f64,
@@ -586,7 +586,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 mode.as_str(),
                 (config.epochs * task.train.len() * config.grpo.group_size) as u64,
             );
-            let mut on_progress = |p: &agl_train::Progress| {
+            let mut on_progress = |p: &agl_spider::Progress| {
                 bar.set_length(p.total);
                 bar.set_position(p.done);
                 bar.set_message(format!(
@@ -625,7 +625,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                         checkpoints: checkpoints.clone(),
                     };
                     (
-                        Box::new(ckpt.scorer) as Box<dyn agl_train::PolicyModel>,
+                        Box::new(ckpt.scorer) as Box<dyn agl_spider::PolicyModel>,
                         options,
                     )
                 }
@@ -640,7 +640,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             let start_step = options.start_step;
             let report = guarded(
                 &runners,
-                agl_train::train_with(&session, &config, policy, options, &mut on_progress),
+                agl_spider::train_with(&session, &config, policy, options, &mut on_progress),
             )
             .await;
             bar.finish_and_clear();
@@ -660,7 +660,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             );
             if let Some(plan) = checkpoints {
                 let step = report.curve.last().map_or(start_step, |c| c.step);
-                saved.push((plan.dir.join(agl_train::checkpoint::FINAL), step));
+                saved.push((plan.dir.join(agl_spider::scorer::checkpoint::FINAL), step));
             }
             runs.push((*mode, report));
         }
@@ -741,9 +741,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
 
 /// Loads the `--resume` checkpoint and checks that it continues this run (same seed and
 /// governance mode); the error names the checkpoint's file and the flag to change.
-fn resume_checkpoint(dir: &Path, args: &TrainArgs) -> anyhow::Result<agl_train::Checkpoint> {
-    let ckpt = agl_train::checkpoint::load(dir)?;
-    let config = dir.join(agl_train::checkpoint::CONFIG_FILE);
+fn resume_checkpoint(dir: &Path, args: &TrainArgs) -> anyhow::Result<agl_spider::Checkpoint> {
+    let ckpt = agl_spider::scorer::checkpoint::load(dir)?;
+    let config = dir.join(agl_spider::scorer::checkpoint::CONFIG_FILE);
     let t = &ckpt.config.training;
     anyhow::ensure!(
         t.seed == args.seed,
@@ -798,7 +798,7 @@ fn progress_bar(name: &str, total: u64) -> ProgressBar {
     bar
 }
 
-fn print_preparation(r: &agl_train::PreparationReport) {
+fn print_preparation(r: &agl_spider::PreparationReport) {
     println!(
         "data: {} train questions, {} dev questions",
         r.train_questions, r.dev_questions

@@ -4,7 +4,7 @@
 //! One process holds every part: the built-in engine (dense f32 weights: the sampler's
 //! log-probabilities must be the ones training recomputes), an in-memory store whose HTTP
 //! server mounts the governed gateway over the engine, runner workers running
-//! [`agl_train::LlmSqlAgent`], and the learner ([`agl_train::LlmGrpo`]). Each step:
+//! [`agl_spider::LlmSqlAgent`], and the learner ([`agl_train::LlmGrpo`]). Each step:
 //! 1. takes `--tasks-per-step` train questions (see "Tasks") and enqueues each `--group-size`
 //!    times as `train` rollouts whose resources name the current adapter version
 //!    (`policy-vN`; version 0 is the base model) in a `proxy_llm`;
@@ -41,7 +41,7 @@
 //! AdamW's moment estimates are not saved (they restart at zero).
 //!
 //! Responsible for the command line, the loop and the report; the algorithm is in
-//! `agl_train::llm_grpo`, the agent in `agl_train::sql_agent`, the gateway in `agl-server`.
+//! `agl_train::llm_grpo`, the agent in `agl_spider::sql_agent`, the gateway in `agl-server`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -52,12 +52,15 @@ use std::time::{Duration, Instant};
 use agl_core::RolloutMode;
 use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
 use agl_llm::{LoraAdapter, LoraConfig, Target};
+use agl_spider::sql_agent::{QUERY_OPERATION, ROLES};
+use agl_spider::{
+    CurvePoint, EvalStats, LlmSqlAgent, RunReport, SqlAgentConfig, SqlEvalRow, SqlEvalSummary,
+    SqlTaskReward, TrainStats, sql_agent_reward,
+};
 use agl_spider::{ExecutorConfig, Question, SpiderDataset, Split};
-use agl_train::sql_agent::{QUERY_OPERATION, ROLES};
 use agl_train::{
-    CurvePoint, EvalStats, LlmGrpo, LlmGrpoConfig, LlmSqlAgent, LlmStepStats, RewardConfig,
-    RunReport, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlTaskReward, TracerTraceToTriplet,
-    TrainStats, TrainingMode, assign_advantages, samples_from_triplets, sql_agent_reward,
+    LlmGrpo, LlmGrpoConfig, LlmStepStats, RewardConfig, TracerTraceToTriplet, TrainingMode,
+    assign_advantages, samples_from_triplets,
 };
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
@@ -66,6 +69,7 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 use crate::llm_rollouts::{BatchPlan, Finished, LlmStage, progress_bar};
+use agl_core::semconv;
 
 /// Which train questions the LLM trains on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -403,7 +407,7 @@ fn read_state(dir: &Path) -> anyhow::Result<TrainerState> {
 }
 
 /// Writes `adapter` and `state` into `dir` atomically
-/// ([`agl_train::checkpoint::write_dir_atomically`], the scorer checkpoints' mechanism).
+/// ([`agl_spider::scorer::checkpoint::write_dir_atomically`], the scorer checkpoints' mechanism).
 fn save_checkpoint(dir: &Path, adapter: &LoraAdapter, state: &TrainerState) -> anyhow::Result<()> {
     let root = dir.parent().unwrap_or(Path::new("."));
     let name = dir
@@ -749,7 +753,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 let llm_call_seconds: f64 = finished
                     .iter()
                     .flat_map(|f| f.spans.iter())
-                    .filter_map(|sp| match sp.attributes.get("agl.latency_s") {
+                    .filter_map(|sp| match sp.attributes.get(semconv::agl::LATENCY_S) {
                         Some(agl_core::AttributeValue::Float(x)) => Some(*x),
                         _ => None,
                     })
@@ -760,7 +764,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     .flat_map(|f| f.spans.iter())
                     .filter(|sp| {
                         sp.name == agl_core::semconv::AGL_OPERATION
-                            && sp.attributes.get("agl.destructive")
+                            && sp.attributes.get(semconv::agl::DESTRUCTIVE)
                                 == Some(&agl_core::AttributeValue::Bool(true))
                     })
                     .count() as u64;

@@ -79,6 +79,179 @@ pub const AGENTOPS_REWARD_KEYS: [&str; 2] = ["agentops.task.output", "agentops.e
 /// Legacy v0.2 reward attribute on an annotation span.
 pub const LEGACY_REWARD: &str = "reward";
 
+/// agl's own span attributes and keys (`agl.*`). Every name agl writes or reads under its own
+/// prefix is a constant here, so a misspelt name is a compile error, not a silent zero in a
+/// reward or a violation count.
+pub mod agl {
+    /// Who wrote a span (string): [`super::SOURCE_GATEWAY`] for the LLM gateway's spans.
+    pub const SOURCE: &str = super::SOURCE_ATTR;
+    /// The SQL statement an action span ran or was refused (string).
+    pub const SQL: &str = "agl.sql";
+    /// The database (Spider `db_id`) an SQL action ran against (string).
+    pub const DATABASE: &str = "agl.database";
+    /// The kernel's verdict on an action: `allow`, `warn`, `modify` or `block` (string).
+    pub const VERDICT: &str = "agl.verdict";
+    /// Whether the action ran (bool); a blocked action did not.
+    pub const EXECUTED: &str = "agl.executed";
+    /// Rows the statement returned (int).
+    pub const ROWS_RETURNED: &str = "agl.rows_returned";
+    /// Rows the statement changed before the rollback (int).
+    pub const ROWS_CHANGED: &str = "agl.rows_changed";
+    /// Whether the statement changed the schema before the rollback (bool).
+    pub const SCHEMA_CHANGED: &str = "agl.schema_changed";
+    /// Whether a statement that changed data or schema ran (bool; always rolled back).
+    pub const DESTRUCTIVE: &str = "agl.destructive";
+    /// Whether the result matched the gold result (bool; Spider execution match).
+    pub const CORRECT: &str = "agl.correct";
+    /// The error an action or call ended with (string).
+    pub const ERROR: &str = "agl.error";
+    /// The turn of a multi-turn agent an action belongs to (int, from 1).
+    pub const TURN: &str = "agl.turn";
+    /// What became of an SQL agent's statement: `executed`, `blocked`, `error`, … (string).
+    pub const STATUS: &str = "agl.status";
+    /// The SQL agent's own check of a result (string, e.g. `correct`).
+    pub const CHECK: &str = "agl.check";
+    /// The policy that blocked an SQL agent's statement (string).
+    pub const POLICY: &str = "agl.policy";
+    /// Whether a governed rollout succeeded (bool).
+    pub const SUCCESS: &str = "agl.success";
+    /// The shaped reward before clamping (float).
+    pub const REWARD_UNCLAMPED: &str = "agl.reward.unclamped";
+    /// Gateway: the LoRA adapter / model version that answered (string).
+    pub const ADAPTER: &str = "agl.adapter";
+    /// Gateway: the upstream that served the call (string).
+    pub const UPSTREAM: &str = "agl.upstream";
+    /// Gateway: seconds from request to the end of the response (float, seconds).
+    pub const LATENCY_S: &str = "agl.latency_s";
+    /// Gateway: seconds to the first streamed token (float, seconds).
+    pub const TTFT_S: &str = "agl.ttft_s";
+    /// Gateway: the kernel's verdict on the model's output (string).
+    pub const GATEWAY_VERDICT: &str = "agl.gateway.verdict";
+    /// Gateway: whether governance withheld the response from the agent (bool).
+    pub const GATEWAY_BLOCKED: &str = "agl.gateway.blocked";
+    /// Gateway: whether the response was redacted before the agent saw it (bool).
+    pub const GATEWAY_REDACTED: &str = "agl.gateway.redacted";
+    /// Gateway: `true` when the upstream returned no token ids (bool).
+    pub const TOKEN_IDS_MISSING: &str = "agl.token_ids.missing";
+    /// Gateway: one raw log-probability per response token (float array, aligned with
+    /// `response_token_ids`).
+    pub const RESPONSE_LOGPROBS: &str = "agl.response.logprobs";
+    /// Flight-recorder export: the rollout of an entry (string).
+    pub const ROLLOUT_ID: &str = "agl.rollout_id";
+    /// Flight-recorder export: the attempt of an entry (string).
+    pub const ATTEMPT_ID: &str = "agl.attempt_id";
+    /// OTLP instrumentation scope of exported flight-recorder entries.
+    pub const FLIGHT_RECORDER_SCOPE: &str = "agl.flight_recorder";
+    /// The key under which a runner publishes its counters in its worker's `heartbeat_stats`.
+    pub const GOVERNANCE: &str = "agl.governance";
+    /// The key of the trainer's run spec in the `policy` resource's `sampling_parameters`.
+    pub const RUN: &str = "agl.run";
+}
+
+/// The governance attributes and span names of the seed (agentmesh-lightning's `agent_os.*`),
+/// as its emitter and reward write them.
+pub mod agent_os {
+    /// Violation span: the violated policy (string).
+    pub const VIOLATION_POLICY: &str = "agent_os.violation.policy";
+    /// Violation span: its severity, `critical` … `low` (string).
+    pub const VIOLATION_SEVERITY: &str = "agent_os.violation.severity";
+    /// Violation span: why the policy objected (string).
+    pub const VIOLATION_REASON: &str = "agent_os.violation.reason";
+    /// Violation span: whether the action was blocked (bool).
+    pub const VIOLATION_BLOCKED: &str = "agent_os.violation.blocked";
+    /// Violation span: the policy's effect, `block`, `warn` or `modify` (string).
+    pub const VIOLATION_EFFECT: &str = "agent_os.violation.effect";
+    /// Violation span: a penalty that overrides the severity's (float, reward units).
+    pub const VIOLATION_PENALTY: &str = "agent_os.violation.penalty";
+    /// The kind of action checked, e.g. `sql.query`, `tool_call` (string).
+    pub const ACTION_TYPE: &str = "agent_os.action_type";
+    /// Governance summary: number of violations (int).
+    pub const VIOLATIONS: &str = "agent_os.violations";
+    /// Reward span: number of violations (int).
+    pub const VIOLATION_COUNT: &str = "agent_os.violation_count";
+    /// Governance summary: the summed penalty (float, reward units).
+    pub const TOTAL_PENALTY: &str = "agent_os.total_penalty";
+    /// Governance summary: the violation types (string array).
+    pub const VIOLATION_TYPES: &str = "agent_os.violation_types";
+    /// Governance summary / export: the violated policies (string array).
+    pub const POLICIES_VIOLATED: &str = "agent_os.policies_violated";
+    /// Governance summary: the signals sent (string array).
+    pub const SIGNALS: &str = "agent_os.signals";
+    /// Reward span: whether the rollout had no violation (bool).
+    pub const POLICY_COMPLIANT: &str = "agent_os.policy_compliant";
+    /// Flight-recorder entry: its sequence number (int).
+    pub const SEQ: &str = "agent_os.seq";
+    /// Flight-recorder export: the verdict (string).
+    pub const VERDICT: &str = "agent_os.verdict";
+    /// Flight-recorder export: the kernel's mode (string).
+    pub const MODE: &str = "agent_os.mode";
+    /// Flight-recorder export: the entry's hash (hex string).
+    pub const HASH: &str = "agent_os.hash";
+    /// Flight-recorder export: the previous entry's hash (hex string).
+    pub const PREV_HASH: &str = "agent_os.prev_hash";
+    /// Flight-recorder export: whether the action was blocked (bool).
+    pub const BLOCKED: &str = "agent_os.blocked";
+    /// The highest severity of an entry (string).
+    pub const SEVERITY: &str = "agent_os.severity";
+    /// The agent that acted (string).
+    pub const AGENT_ID: &str = "agent_os.agent_id";
+    /// Emitter: the rollout of an entry (string).
+    pub const ROLLOUT_ID: &str = "agent_os.rollout_id";
+    /// Emitter: the attempt of an entry (string).
+    pub const ATTEMPT_ID: &str = "agent_os.attempt_id";
+    /// Emitter: the entry's type (string).
+    pub const ENTRY_TYPE: &str = "agent_os.entry_type";
+    /// Policy-check span: the policies that answered, comma-separated (string).
+    pub const POLICY_NAME: &str = "agent_os.policy_name";
+    /// Policy-check span: the verdict (string).
+    pub const POLICY_RESULT: &str = "agent_os.policy_result";
+    /// Policy-check span: whether a policy was violated (bool).
+    pub const POLICY_VIOLATED: &str = "agent_os.policy_violated";
+    /// Tool-call span: the tool (string).
+    pub const TOOL_NAME: &str = "agent_os.tool_name";
+    /// Tool-call span: its arguments as JSON, at most 1,000 characters (string).
+    pub const TOOL_ARGS: &str = "agent_os.tool_args";
+    /// Tool-call span: the verdict (string).
+    pub const TOOL_RESULT: &str = "agent_os.tool_result";
+    /// Signal span: the signal, e.g. `SIGKILL` (string).
+    pub const SIGNAL_TYPE: &str = "agent_os.signal_type";
+    /// Signal span: what it was sent to (string).
+    pub const SIGNAL_TARGET: &str = "agent_os.signal_target";
+    /// Span name of a policy-check span.
+    pub const POLICY_CHECK_SPAN: &str = "agent_os.policy_check";
+    /// Span name of a tool-call span.
+    pub const TOOL_CALL_SPAN: &str = "agent_os.tool_call";
+    /// Span name of a signal span.
+    pub const SIGNAL_SPAN: &str = "agent_os.signal";
+}
+
+/// OpenTelemetry GenAI attributes (`gen_ai.*`) that agl writes on LLM-call spans and reads back,
+/// in the spelling AgentOps and Agent Lightning use.
+pub mod gen_ai {
+    /// The provider family (string, `openai`).
+    pub const SYSTEM: &str = "gen_ai.system";
+    /// Prefix of the flattened request (`gen_ai.request.*`).
+    pub const REQUEST: &str = "gen_ai.request";
+    /// The requested model (string).
+    pub const REQUEST_MODEL: &str = "gen_ai.request.model";
+    /// The requested temperature (float).
+    pub const REQUEST_TEMPERATURE: &str = "gen_ai.request.temperature";
+    /// Prefix of the flattened response metadata (`gen_ai.response.*`).
+    pub const RESPONSE: &str = "gen_ai.response";
+    /// The response id (string, OpenAI's `id`).
+    pub const RESPONSE_ID: &str = "gen_ai.response.id";
+    /// The model that answered (string).
+    pub const RESPONSE_MODEL: &str = "gen_ai.response.model";
+    /// Prompt tokens of the call (int, tokens).
+    pub const USAGE_PROMPT_TOKENS: &str = "gen_ai.usage.prompt_tokens";
+    /// Completion tokens of the call (int, tokens).
+    pub const USAGE_COMPLETION_TOKENS: &str = "gen_ai.usage.completion_tokens";
+    /// Prefix of the flattened prompt messages (`gen_ai.prompt.<i>.role` / `.content`).
+    pub const PROMPT: &str = "gen_ai.prompt";
+    /// Prefix of the flattened completion messages (`gen_ai.completion.<i>.*`).
+    pub const COMPLETION: &str = "gen_ai.completion";
+}
+
 /// One reward dimension as read from or written to span attributes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RewardDimension {

@@ -1,4 +1,5 @@
-//! Per-check cost of governance (criterion): `cargo bench -p agl-gov --bench kernel`.
+//! Per-check cost of governance (criterion): `cargo bench -p agl-spider --bench kernel`
+//! (it lives with the task whose data it reads; `agl-gov` depends on no task).
 //!
 //! Every benchmark measures ONE check per iteration, cycling through the inputs, so criterion's
 //! time per iteration is the mean time per check:

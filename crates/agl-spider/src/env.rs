@@ -17,7 +17,7 @@
 //!   rows. Task reward 0 and never a success: exploring is not answering (a successful query
 //!   would earn the environment's success bonus and let an agent farm it).
 //! - `answer`: the approved SQL runs; task reward 1.0 and success when its result matches the
-//!   gold result ([`agl_spider::execution_match`], order-sensitive when the gold query has a
+//!   gold result ([`crate::execution_match`], order-sensitive when the gold query has a
 //!   top-level `ORDER BY`), else 0.0; the episode ends either way.
 //! - A blocked action does not run: task reward 0, no success, the episode goes on (unless the
 //!   environment terminates it on a critical violation); the observation says
@@ -33,18 +33,19 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::{Executor, ExecutorConfig, Split, Value, db_info, execution_match};
 use agl_gov::{Action, ActionKind, Decision, GovernanceMode, PolicyFile};
-use agl_spider::{Executor, ExecutorConfig, SpiderError, Split, Value, db_info, execution_match};
+use agl_train::TrainError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::environment::{
+use crate::error::SpiderError;
+use crate::scorer::trainer::build_kernel;
+use crate::task::{SpiderTask, TaskItem};
+use agl_train::environment::{
     Approval, EnvTask, EnvironmentConfig, GovernedEnvironment, Space, TaskOutcome,
 };
-use crate::error::TrainError;
-use crate::task::{SpiderTask, TaskItem};
-use crate::trainer::build_kernel;
 
 /// Most result rows shown in an observation (rows).
 pub const PREVIEW_ROWS: usize = 10;
@@ -141,10 +142,10 @@ impl SpiderEnv {
     /// `task.db_root` with the default time limit.
     ///
     /// # Errors
-    /// [`TrainError::Config`] if the split has no prepared question.
-    pub fn new(task: Arc<SpiderTask>, split: Split) -> Result<Self, TrainError> {
+    /// [`SpiderError::Config`] if the split has no prepared question.
+    pub fn new(task: Arc<SpiderTask>, split: Split) -> Result<Self, SpiderError> {
         if task.items(split).is_empty() {
-            return Err(TrainError::Config(format!(
+            return Err(SpiderError::Config(format!(
                 "SpiderEnv: the {split} split has no prepared questions"
             )));
         }
@@ -169,10 +170,14 @@ impl SpiderEnv {
         task: Arc<SpiderTask>,
         split: Split,
         config: EnvironmentConfig,
-    ) -> Result<GovernedEnvironment<SpiderEnv>, TrainError> {
+    ) -> Result<GovernedEnvironment<SpiderEnv>, SpiderError> {
         let policy = PolicyFile::preset("standard")?;
         let kernel = build_kernel(&task, &policy, GovernanceMode::Enforce, None)?;
-        GovernedEnvironment::new(Arc::new(kernel), SpiderEnv::new(task, split)?, config)
+        Ok(GovernedEnvironment::new(
+            Arc::new(kernel),
+            SpiderEnv::new(task, split)?,
+            config,
+        )?)
     }
 
     /// The split questions are drawn from.
@@ -196,7 +201,7 @@ impl SpiderEnv {
         self.current.as_ref()
     }
 
-    fn schema(&mut self, db_id: &str) -> Result<String, TrainError> {
+    fn schema(&mut self, db_id: &str) -> Result<String, SpiderError> {
         if let Some(s) = self.schemas.get(db_id) {
             return Ok(s.clone());
         }
@@ -217,7 +222,7 @@ impl SpiderEnv {
     }
 }
 
-fn preview(result: agl_spider::ResultSet) -> QueryFeedback {
+fn preview(result: crate::ResultSet) -> QueryFeedback {
     let total_rows = result.rows.len();
     let mut rows = result.rows;
     rows.truncate(PREVIEW_ROWS);
@@ -249,7 +254,7 @@ impl EnvTask for SpiderEnv {
     /// Picks a question (see the module docs) and returns its first observation.
     ///
     /// # Errors
-    /// [`TrainError::Spider`] if the question's database cannot be described.
+    /// [`TrainError::Task`] if the question's database cannot be described.
     fn reset(&mut self, seed: Option<u64>) -> Result<SpiderObservation, TrainError> {
         if let Some(seed) = seed {
             self.rng = ChaCha8Rng::seed_from_u64(seed);
@@ -288,7 +293,7 @@ impl EnvTask for SpiderEnv {
     /// Runs the approved SQL or records the block (see the module docs).
     ///
     /// # Errors
-    /// [`TrainError::Runner`] before the first reset; [`TrainError::Spider`] when the
+    /// [`TrainError::Runner`] before the first reset; [`TrainError::Task`] when the
     /// database is unavailable (not for SQL errors or timeouts, which are outcomes).
     fn execute(
         &mut self,

@@ -1,11 +1,14 @@
 //! The crate's single error type, [`SpiderError`].
 //!
-//! Responsible for naming what went wrong (file, field, question index, database, SQL message).
-//! Not responsible for recovery or retries: callers decide what to do with each variant.
+//! Responsible for naming what went wrong (file, field, question index, database, SQL message,
+//! and for the task's agents: a rollout, a checkpoint, a configuration field); the lower crates'
+//! errors are wrapped, not re-described. Not responsible for recovery or retries: callers decide
+//! what to do with each variant.
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong while loading Spider data, inspecting a database or running SQL.
+/// Everything that can go wrong while loading Spider data, inspecting a database, running SQL,
+/// or training and evaluating the task's agents.
 #[derive(Debug, thiserror::Error)]
 pub enum SpiderError {
     /// A required directory (the data root or its `database/` folder) does not exist or is not
@@ -85,4 +88,62 @@ pub enum SpiderError {
         #[source]
         source: std::io::Error,
     },
+
+    /// The task-agnostic training runtime failed (a runner, a reward, an adapter, the store).
+    #[error(transparent)]
+    Train(#[from] agl_train::TrainError),
+    /// The governance kernel failed (for example the flight recorder could not write).
+    #[error(transparent)]
+    Gov(#[from] agl_gov::GovError),
+    /// The LightningStore refused an operation.
+    #[error(transparent)]
+    Store(#[from] agl_store::StoreError),
+    /// A tensor operation of the scorer failed.
+    #[error("policy model: {0}")]
+    Model(#[from] candle_core::Error),
+    /// A configuration value is out of range; the message names the field.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A rollout's input or spans did not have the expected shape.
+    #[error("malformed rollout {rollout_id}: {message}")]
+    Rollout {
+        /// The rollout whose input or spans were malformed.
+        rollout_id: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// The environment was used out of order (for example `step` before `reset`).
+    #[error("{0}")]
+    Runner(String),
+    /// A worker stopped unexpectedly.
+    #[error("runner worker failed: {0}")]
+    Worker(String),
+    /// Writing or reading a file of a run (a checkpoint, a report) failed.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A scorer checkpoint could not be written or read, or does not fit this build's scorer
+    /// (see `scorer::checkpoint`); names the directory or file and what is wrong.
+    #[error("{path}: {message}")]
+    Checkpoint {
+        /// The checkpoint directory or the file in it.
+        path: PathBuf,
+        /// What was wrong, naming the field or tensor.
+        message: String,
+    },
+}
+
+/// The Spider task's errors reach agl-train's loops and traits (an [`agl_train::EnvTask`], a
+/// runner) as [`agl_train::TrainError::Task`], with the same message.
+impl From<SpiderError> for agl_train::TrainError {
+    fn from(e: SpiderError) -> Self {
+        match e {
+            SpiderError::Train(inner) => inner,
+            other => agl_train::TrainError::Task(Box::new(other)),
+        }
+    }
 }

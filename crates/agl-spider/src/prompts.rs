@@ -1,7 +1,7 @@
 //! The prompts and reply parsing of the SQL-writing LLM agent on Spider.
 //!
 //! The agent follows Agent Lightning's `examples/spider` workflow (write → execute → check →
-//! rewrite → execute → check …; see `agl_train::sql_agent`), with prompts of our own:
+//! rewrite → execute → check …; see `agl_spider::sql_agent`), with prompts of our own:
 //! - **write** ([`write_messages`]): a system prompt for an agent that writes one SQLite query,
 //!   with the rules (only tables and columns of the schema, one read-only statement), the
 //!   schema ([`render_schema`], at most [`SCHEMA_MAX_CHARS`] characters) and the output format

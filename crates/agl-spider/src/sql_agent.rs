@@ -2,7 +2,7 @@
 //! rewrites it, with every statement governed, as Agent Lightning's `examples/spider` agent.
 //!
 //! The workflow is Agent Lightning's LangGraph SQL agent (`examples/spider/sql_agent.py`), in
-//! Rust, with our own prompts ([`agl_spider::prompts`]):
+//! Rust, with our own prompts ([`crate::prompts`]):
 //!
 //! ```text
 //! write_query → execute_query ─┬─ turn = max_turns ─────────────────────────────────────→ end
@@ -17,7 +17,7 @@
 //! - **execute** first asks the kernel ([`StepContext::check`] with [`Action::sql`]): a blocked
 //!   statement never runs, and its "result" is the policy's reason, which the checker and the
 //!   rewrite see (the agent may recover); an allowed one runs in the sandboxed
-//!   [`agl_spider::Executor`] (in-memory copy, always rolled back, time limit) on a blocking
+//!   [`crate::Executor`] (in-memory copy, always rolled back, time limit) on a blocking
 //!   thread;
 //! - **check** asks the model to review the query and its result and to end with
 //!   `THE QUERY IS CORRECT` / `THE QUERY IS INCORRECT` ([`prompts::parse_verdict`]: the last
@@ -30,7 +30,7 @@
 //!
 //! The final query is the last one written. The task reward ([`sql_agent_reward`],
 //! [`SqlTaskReward`]) is 1.0 when it ran and its result matches the gold query's by Spider's
-//! execution match ([`agl_spider::execution_match`]); otherwise 0.0 (blocked, SQL error,
+//! execution match ([`crate::execution_match`]); otherwise 0.0 (blocked, SQL error,
 //! time-out, no SQL, wrong result), or, with [`SqlTaskReward::Partial`], half the
 //! schema-linking similarity of a query that ran but answered wrong
 //! ([`SqlAgentOutput::schema_linking`]); then shaped by [`PolicyReward`]. Violations of the model's own output, which the LLM
@@ -60,13 +60,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use agl_core::{Attempt, AttributeValue, Attributes, Rollout, Span, now_seconds, semconv};
-use agl_gov::{Action, ActionKind};
-use agl_spider::prompts::{self, CheckVerdict, PromptMessage};
-use agl_spider::{
+use crate::prompts::{self, CheckVerdict, PromptMessage};
+use crate::{
     Execution, Executor, ExecutorConfig, Question, ResultSet, db_info, execution_match,
     gold_is_ordered, schema_linking, schema_names,
 };
+use agl_core::{Attempt, AttributeValue, Attributes, Rollout, Span, now_seconds, semconv};
+use agl_gov::{Action, ActionKind};
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
@@ -77,10 +77,10 @@ use async_openai::types::chat::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::TrainError;
-use crate::reward::{PolicyReward, RewardConfig};
-use crate::runner::{Agent, AgentError, LlmEndpoint, StepContext, gateway_violations};
-use crate::violation::GovernedRollout;
+use crate::error::SpiderError;
+use agl_train::reward::{PolicyReward, RewardConfig};
+use agl_train::runner::{Agent, AgentError, LlmEndpoint, StepContext, gateway_violations};
+use agl_train::violation::GovernedRollout;
 
 /// Agent name ([`AGENT_NAME_ATTR`]) of the model call that writes the first query.
 pub const ROLE_WRITE: &str = "write";
@@ -206,7 +206,7 @@ pub struct SqlAgentOutput {
     /// then).
     pub correct: bool,
     /// When the final query ran: the Jaccard similarity in `[0, 1]` of the tables and columns
-    /// it names and those the gold query names ([`agl_spider::schema_linking`]); `None` when
+    /// it names and those the gold query names ([`crate::schema_linking`]); `None` when
     /// no query ran (none written, blocked, failed).
     #[serde(default)]
     pub schema_linking: Option<f64>,
@@ -293,7 +293,7 @@ impl ExecutorPool {
 }
 
 /// The SQL-writing LLM agent (see the module docs). Share one between runner workers
-/// ([`crate::GovernedRunner::init_shared`]): it holds a pool of executors, the rendered schemas
+/// ([`agl_train::GovernedRunner::init_shared`]): it holds a pool of executors, the rendered schemas
 /// and one HTTP client.
 ///
 /// Input: a Spider [`Question`] (JSON `split`, `index`, `db_id`, `question`, `gold_sql`).
@@ -384,23 +384,23 @@ impl LlmSqlAgent {
     /// `<db_id>/<db_id>.sqlite`).
     ///
     /// # Errors
-    /// [`TrainError::Config`] when `max_turns` or `max_tokens` is 0 or the HTTP client cannot
+    /// [`SpiderError::Config`] when `max_turns` or `max_tokens` is 0 or the HTTP client cannot
     /// be built.
-    pub fn new(db_root: PathBuf, config: SqlAgentConfig) -> Result<Self, TrainError> {
+    pub fn new(db_root: PathBuf, config: SqlAgentConfig) -> Result<Self, SpiderError> {
         if config.max_turns == 0 {
-            return Err(TrainError::Config(
+            return Err(SpiderError::Config(
                 "sql agent: max_turns must be at least 1".into(),
             ));
         }
         if config.max_tokens == 0 {
-            return Err(TrainError::Config(
+            return Err(SpiderError::Config(
                 "sql agent: max_tokens must be at least 1".into(),
             ));
         }
         let http = reqwest::Client::builder()
             .timeout(config.request_timeout)
             .build()
-            .map_err(|e| TrainError::Config(format!("sql agent: HTTP client: {e}")))?;
+            .map_err(|e| SpiderError::Config(format!("sql agent: HTTP client: {e}")))?;
         Ok(Self {
             pool: Arc::new(ExecutorPool {
                 db_root: db_root.clone(),
@@ -535,7 +535,7 @@ impl LlmSqlAgent {
     ) -> Result<Ran, AgentError> {
         let approved = match ctx.check(Action::sql(db_id, sql)) {
             Ok(a) => a,
-            Err(TrainError::Blocked(b)) => {
+            Err(agl_train::TrainError::Blocked(b)) => {
                 let v = b.violation;
                 let feedback_text = format!(
                     "Blocked by the governance policy `{}`: {}. The query was not executed; \
@@ -593,9 +593,9 @@ fn agent_span(role: &str, turn: usize, error: Option<&String>) -> Attributes {
     let mut a = Attributes::new();
     a.insert(semconv::OPERATION_NAME.into(), AGENT_OPERATION.into());
     a.insert(AGENT_NAME_ATTR.into(), role.into());
-    a.insert("agl.turn".into(), AttributeValue::Int(turn as i64));
+    a.insert(semconv::agl::TURN.into(), AttributeValue::Int(turn as i64));
     if let Some(e) = error {
-        a.insert("agl.error".into(), e.as_str().into());
+        a.insert(semconv::agl::ERROR.into(), e.as_str().into());
     }
     a
 }
@@ -603,10 +603,13 @@ fn agent_span(role: &str, turn: usize, error: Option<&String>) -> Attributes {
 fn operation_span(db_id: &str, turn: &SqlTurn) -> Attributes {
     let mut a = Attributes::new();
     a.insert(semconv::OPERATION_NAME.into(), QUERY_OPERATION.into());
-    a.insert("agl.turn".into(), AttributeValue::Int(turn.turn as i64));
-    a.insert("agl.database".into(), db_id.into());
+    a.insert(
+        semconv::agl::TURN.into(),
+        AttributeValue::Int(turn.turn as i64),
+    );
+    a.insert(semconv::agl::DATABASE.into(), db_id.into());
     if let Some(sql) = &turn.sql {
-        a.insert("agl.sql".into(), sql.as_str().into());
+        a.insert(semconv::agl::SQL.into(), sql.as_str().into());
     }
     let (status, executed, rows, changed, schema) = match &turn.result {
         SqlResult::Executed {
@@ -616,25 +619,28 @@ fn operation_span(db_id: &str, turn: &SqlTurn) -> Attributes {
             ..
         } => ("executed", true, *rows, *rows_changed, *schema_changed),
         SqlResult::Failed { error } => {
-            a.insert("agl.error".into(), error.as_str().into());
+            a.insert(semconv::agl::ERROR.into(), error.as_str().into());
             ("failed", false, 0, 0, false)
         }
         SqlResult::Blocked { policy, .. } => {
-            a.insert("agl.policy".into(), policy.as_str().into());
+            a.insert(semconv::agl::POLICY.into(), policy.as_str().into());
             ("blocked", false, 0, 0, false)
         }
         SqlResult::NoSql => ("no_sql", false, 0, 0, false),
     };
-    a.insert("agl.status".into(), status.into());
-    a.insert("agl.executed".into(), executed.into());
-    a.insert("agl.rows_returned".into(), AttributeValue::Int(rows as i64));
+    a.insert(semconv::agl::STATUS.into(), status.into());
+    a.insert(semconv::agl::EXECUTED.into(), executed.into());
     a.insert(
-        "agl.rows_changed".into(),
+        semconv::agl::ROWS_RETURNED.into(),
+        AttributeValue::Int(rows as i64),
+    );
+    a.insert(
+        semconv::agl::ROWS_CHANGED.into(),
         AttributeValue::Int(i64::try_from(changed).unwrap_or(i64::MAX)),
     );
-    a.insert("agl.schema_changed".into(), schema.into());
+    a.insert(semconv::agl::SCHEMA_CHANGED.into(), schema.into());
     a.insert(
-        "agl.destructive".into(),
+        semconv::agl::DESTRUCTIVE.into(),
         (executed && (changed > 0 || schema)).into(),
     );
     let check = match turn.verdict {
@@ -642,7 +648,7 @@ fn operation_span(db_id: &str, turn: &SqlTurn) -> Attributes {
         Some(CheckVerdict::Incorrect) => "incorrect",
         None => "none",
     };
-    a.insert("agl.check".into(), check.into());
+    a.insert(semconv::agl::CHECK.into(), check.into());
     a
 }
 
@@ -862,8 +868,8 @@ pub fn sql_eval_row(rollout: &Rollout, attempt: Option<&Attempt>, spans: &[Span]
                 .and_then(AttributeValue::as_f64)
                 .map_or(0, |x| x.max(0.0) as u64)
         };
-        row.prompt_tokens += n("gen_ai.usage.prompt_tokens");
-        row.completion_tokens += n("gen_ai.usage.completion_tokens");
+        row.prompt_tokens += n(semconv::gen_ai::USAGE_PROMPT_TOKENS);
+        row.completion_tokens += n(semconv::gen_ai::USAGE_COMPLETION_TOKENS);
     }
     let meta = attempt.and_then(|a| a.metadata.as_ref());
     let output = meta
@@ -956,8 +962,8 @@ pub struct SqlEvalSummary {
 impl SqlEvalSummary {
     /// The figures every evaluation reports ([`crate::EvalStats`]); an LLM agent has no
     /// candidate set, so `unsafe_probability` is `None`.
-    pub fn eval_stats(&self) -> crate::trainer::EvalStats {
-        crate::trainer::EvalStats {
+    pub fn eval_stats(&self) -> crate::scorer::trainer::EvalStats {
+        crate::scorer::trainer::EvalStats {
             questions: self.questions,
             accuracy: self.accuracy,
             violation_rate: self.violation_rate,
@@ -1030,9 +1036,9 @@ mod tests {
     use std::collections::VecDeque;
     use std::path::Path;
 
+    use crate::Split;
     use agl_core::{AttemptStatus, EnqueueRolloutRequest, LlmResource, NamedResources, Resource};
     use agl_gov::{BuildEnv, PolicyFile, SQL_POLICY_NAME};
-    use agl_spider::Split;
     use agl_store::{InMemoryLightningStore, LightningStore};
     use axum::Json;
     use axum::extract::State;
@@ -1041,8 +1047,8 @@ mod tests {
     use serde_json::json;
     use tokio_util::sync::CancellationToken;
 
-    use crate::runner::{GovernedRunner, SOURCE_ATTR, SOURCE_GATEWAY};
-    use crate::tracer_adapter::{DEFAULT_LLM_CALL_MATCH, TracerTraceToTriplet};
+    use agl_train::runner::{GovernedRunner, SOURCE_ATTR, SOURCE_GATEWAY};
+    use agl_train::tracer_adapter::{DEFAULT_LLM_CALL_MATCH, TracerTraceToTriplet};
 
     /// What the scripted model answers next.
     enum Canned {

@@ -9,15 +9,15 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agl_gov::{CheckCache, TableStats};
-use agl_spider::{
+use crate::{
     Candidate, CandidateBuilder, CandidateConfig, DbInfo, Executor, ExecutorConfig, Question,
     ResultSet, SpiderDataset, Split, db_info, gold_is_ordered,
 };
+use agl_gov::{CheckCache, TableStats};
 use serde::Serialize;
 
-use crate::error::TrainError;
-use crate::features::{SparseFeatures, featurize};
+use crate::error::SpiderError;
+use crate::scorer::features::{SparseFeatures, featurize};
 
 /// One question, ready for rollouts.
 pub struct TaskItem {
@@ -84,7 +84,7 @@ pub struct TaskConfig {
 
 impl SpiderTask {
     /// Prepares the task from `dataset`.
-    pub fn prepare(dataset: &SpiderDataset, config: &TaskConfig) -> Result<Self, TrainError> {
+    pub fn prepare(dataset: &SpiderDataset, config: &TaskConfig) -> Result<Self, SpiderError> {
         let db_root = dataset.root.join("database");
         let mut dbs: HashMap<String, DbInfo> = HashMap::new();
         for split in [Split::Train, Split::Dev] {
@@ -169,62 +169,63 @@ fn build_items(
     config: &TaskConfig,
     db_root: &std::path::Path,
     report: &mut PreparationReport,
-) -> Result<Vec<TaskItem>, TrainError> {
+) -> Result<Vec<TaskItem>, SpiderError> {
     let builder = CandidateBuilder::new(all, dbs, config.candidates);
     let threads = config.threads.max(1);
     let chunk = count.div_ceil(threads).max(1);
-    let results: Vec<Result<Vec<Result<TaskItem, String>>, TrainError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..count)
-            .step_by(chunk)
-            .map(|start| {
-                let builder = &builder;
-                s.spawn(
-                    move || -> Result<Vec<Result<TaskItem, String>>, TrainError> {
-                        let mut exec = Executor::new(db_root.to_path_buf(), config.executor);
-                        let mut out = Vec::new();
-                        for (i, q) in all
-                            .iter()
-                            .enumerate()
-                            .take((start + chunk).min(count))
-                            .skip(start)
-                        {
-                            match exec.execute(&q.db_id, &q.gold_sql) {
-                                Ok(gold) => {
-                                    let candidates = builder.build(i);
-                                    let features = candidates
-                                        .iter()
-                                        .map(|c| featurize(&q.question, &c.sql))
-                                        .collect();
-                                    out.push(Ok(TaskItem {
-                                        question: q.clone(),
-                                        candidates,
-                                        features,
-                                        gold: gold.result,
-                                        ordered: gold_is_ordered(&q.gold_sql),
-                                    }));
+    let results: Vec<Result<Vec<Result<TaskItem, String>>, SpiderError>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..count)
+                .step_by(chunk)
+                .map(|start| {
+                    let builder = &builder;
+                    s.spawn(
+                        move || -> Result<Vec<Result<TaskItem, String>>, SpiderError> {
+                            let mut exec = Executor::new(db_root.to_path_buf(), config.executor);
+                            let mut out = Vec::new();
+                            for (i, q) in all
+                                .iter()
+                                .enumerate()
+                                .take((start + chunk).min(count))
+                                .skip(start)
+                            {
+                                match exec.execute(&q.db_id, &q.gold_sql) {
+                                    Ok(gold) => {
+                                        let candidates = builder.build(i);
+                                        let features = candidates
+                                            .iter()
+                                            .map(|c| featurize(&q.question, &c.sql))
+                                            .collect();
+                                        out.push(Ok(TaskItem {
+                                            question: q.clone(),
+                                            candidates,
+                                            features,
+                                            gold: gold.result,
+                                            ordered: gold_is_ordered(&q.gold_sql),
+                                        }));
+                                    }
+                                    Err(e) => out.push(Err(format!(
+                                        "{} #{} ({}): {e}",
+                                        q.split, q.index, q.db_id
+                                    ))),
                                 }
-                                Err(e) => out.push(Err(format!(
-                                    "{} #{} ({}): {e}",
-                                    q.split, q.index, q.db_id
-                                ))),
                             }
-                        }
-                        Ok(out)
-                    },
-                )
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(TrainError::Worker(
-                        "task preparation thread panicked".into(),
-                    ))
+                            Ok(out)
+                        },
+                    )
                 })
-            })
-            .collect()
-    });
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(SpiderError::Worker(
+                            "task preparation thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
     let mut items = Vec::with_capacity(count);
     for r in results {
         for item in r? {

@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use agl_gov::{COST_POLICY_NAME, GovernanceMode, PolicyFile, SQL_POLICY_NAME, Severity};
 use agl_spider::{CandidateConfig, CandidateKind, Executor, ExecutorConfig, SpiderDataset};
-use agl_train::{
-    RewardConfig, SpiderRunner, SpiderTask, TaskConfig, TrainConfig, TrainingMode, build_kernel,
-};
+use agl_spider::{SpiderRunner, SpiderTask, TaskConfig, TrainConfig, build_kernel};
+use agl_train::{RewardConfig, TrainingMode};
 
 fn dev_task() -> SpiderTask {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider");

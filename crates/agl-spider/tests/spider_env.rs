@@ -6,10 +6,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use agl_spider::{CandidateConfig, ExecutorConfig, SpiderDataset, Split, Value};
-use agl_train::{
-    EnvTask, Environment, EnvironmentConfig, GovernedEnvironment, QueryFeedback, SpiderAction,
-    SpiderEnv, SpiderTask, TaskConfig,
-};
+use agl_spider::{QueryFeedback, SpiderAction, SpiderEnv, SpiderTask, TaskConfig};
+use agl_train::{EnvTask, Environment, EnvironmentConfig, GovernedEnvironment};
 
 fn task() -> Arc<SpiderTask> {
     static TASK: OnceLock<Arc<SpiderTask>> = OnceLock::new();
@@ -143,7 +141,7 @@ fn a_query_shows_at_most_10_rows_and_the_total() {
         panic!("no rows: {:?}", obs.last_result);
     };
     assert!(*total_rows > 0);
-    assert_eq!(rows.len(), (*total_rows).min(agl_train::PREVIEW_ROWS));
+    assert_eq!(rows.len(), (*total_rows).min(agl_spider::PREVIEW_ROWS));
 }
 
 #[test]

@@ -323,7 +323,7 @@ fn attempt_spans(
                 semconv::AGL_OPERATION,
                 attrs(&[
                     (semconv::OPERATION_NAME, s("spider.rollout")),
-                    ("agl.database", s(db_id)),
+                    (semconv::agl::DATABASE, s(db_id)),
                     (semconv::OPERATION_INPUT, s(&question)),
                 ]),
                 0.0,
@@ -335,10 +335,13 @@ fn attempt_spans(
                 (
                     semconv::OPENAI_CHAT_COMPLETION,
                     attrs(&[
-                        ("gen_ai.system", s("openai")),
-                        ("gen_ai.request.model", s(model)),
-                        ("gen_ai.response.model", s(model)),
-                        ("gen_ai.request.temperature", AttributeValue::Float(0.7)),
+                        (semconv::gen_ai::SYSTEM, s("openai")),
+                        (semconv::gen_ai::REQUEST_MODEL, s(model)),
+                        (semconv::gen_ai::RESPONSE_MODEL, s(model)),
+                        (
+                            semconv::gen_ai::REQUEST_TEMPERATURE,
+                            AttributeValue::Float(0.7),
+                        ),
                         ("gen_ai.prompt.0.role", s("system")),
                         (
                             "gen_ai.prompt.0.content",
@@ -352,11 +355,11 @@ fn attempt_spans(
                         ("gen_ai.completion.0.role", s("assistant")),
                         ("gen_ai.completion.0.content", s(&sql)),
                         (
-                            "gen_ai.usage.prompt_tokens",
+                            semconv::gen_ai::USAGE_PROMPT_TOKENS,
                             AttributeValue::Int(prompt_tokens as i64),
                         ),
                         (
-                            "gen_ai.usage.completion_tokens",
+                            semconv::gen_ai::USAGE_COMPLETION_TOKENS,
                             AttributeValue::Int(completion_tokens as i64),
                         ),
                         ("prompt_token_ids", tokens(rng, 96)),
@@ -380,10 +383,10 @@ fn attempt_spans(
                 semconv::AGL_OPERATION,
                 attrs(&[
                     (semconv::OPERATION_NAME, s("sql.query")),
-                    ("agl.sql", s(&sql)),
-                    ("agl.database", s(db_id)),
+                    (semconv::agl::SQL, s(&sql)),
+                    (semconv::agl::DATABASE, s(db_id)),
                     (
-                        "agl.verdict",
+                        semconv::agl::VERDICT,
                         s(if violation && v.3 == "block" {
                             "block"
                         } else {
@@ -391,17 +394,20 @@ fn attempt_spans(
                         }),
                     ),
                     (
-                        "agl.executed",
+                        semconv::agl::EXECUTED,
                         AttributeValue::Bool(!(violation && v.3 == "block")),
                     ),
                     (
-                        "agl.rows_returned",
+                        semconv::agl::ROWS_RETURNED,
                         AttributeValue::Int(rng.below(50) as i64),
                     ),
-                    ("agl.rows_changed", AttributeValue::Int(0)),
-                    ("agl.schema_changed", AttributeValue::Bool(false)),
-                    ("agl.destructive", AttributeValue::Bool(violation)),
-                    ("agl.correct", AttributeValue::Bool(correct && !violation)),
+                    (semconv::agl::ROWS_CHANGED, AttributeValue::Int(0)),
+                    (semconv::agl::SCHEMA_CHANGED, AttributeValue::Bool(false)),
+                    (semconv::agl::DESTRUCTIVE, AttributeValue::Bool(violation)),
+                    (
+                        semconv::agl::CORRECT,
+                        AttributeValue::Bool(correct && !violation),
+                    ),
                 ]),
                 rng.between(0.002, 0.03),
                 false,
@@ -409,15 +415,15 @@ fn attempt_spans(
             "violation" => (
                 semconv::AGL_ANNOTATION,
                 attrs(&[
-                    ("agent_os.violation.policy", s(v.1)),
-                    ("agent_os.violation.severity", s(v.2)),
-                    ("agent_os.violation.effect", s(v.3)),
-                    ("agent_os.violation.reason", s(v.4)),
+                    (semconv::agent_os::VIOLATION_POLICY, s(v.1)),
+                    (semconv::agent_os::VIOLATION_SEVERITY, s(v.2)),
+                    (semconv::agent_os::VIOLATION_EFFECT, s(v.3)),
+                    (semconv::agent_os::VIOLATION_REASON, s(v.4)),
                     (
-                        "agent_os.violation.blocked",
+                        semconv::agent_os::VIOLATION_BLOCKED,
                         AttributeValue::Bool(v.3 == "block"),
                     ),
-                    ("agent_os.action_type", s("sql.query")),
+                    (semconv::agent_os::ACTION_TYPE, s("sql.query")),
                 ]),
                 0.0,
                 false,
@@ -441,11 +447,11 @@ fn attempt_spans(
                             AttributeValue::Float(penalty),
                         ),
                         (
-                            "agent_os.violation_count",
+                            semconv::agent_os::VIOLATION_COUNT,
                             AttributeValue::Int(i64::from(violation)),
                         ),
                         (
-                            "agent_os.policy_compliant",
+                            semconv::agent_os::POLICY_COMPLIANT,
                             AttributeValue::Bool(!violation),
                         ),
                     ]),

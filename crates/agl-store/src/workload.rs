@@ -22,6 +22,7 @@ use serde_json::json;
 use crate::error::StoreError;
 use crate::query::SpanQuery;
 use crate::store::{AttemptUpdate, LightningStore};
+use agl_core::semconv;
 
 /// The operations of the cycle, in order.
 pub const CYCLE_OPERATIONS: [&str; 5] = [
@@ -110,13 +111,13 @@ pub fn sample_spans(rollout_id: &str, attempt_id: &str, n: usize) -> Vec<Span> {
                 );
                 "agentlightning.annotation"
             } else if i % 2 == 0 {
-                attributes.insert("gen_ai.request.model".into(), "policy".into());
+                attributes.insert(semconv::gen_ai::REQUEST_MODEL.into(), "policy".into());
                 attributes.insert(
-                    "gen_ai.usage.prompt_tokens".into(),
+                    semconv::gen_ai::USAGE_PROMPT_TOKENS.into(),
                     AttributeValue::from(412i64),
                 );
                 attributes.insert(
-                    "gen_ai.usage.completion_tokens".into(),
+                    semconv::gen_ai::USAGE_COMPLETION_TOKENS.into(),
                     AttributeValue::from(37i64),
                 );
                 "openai.chat.completion"

@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use agl_core::semconv::AGL_ANNOTATION;
+use agl_core::semconv::{self, AGL_ANNOTATION};
 use agl_core::{
     AttributeValue, Attributes, OtelResource, Span, SpanContext, SpanStatus, StatusCode,
 };
@@ -77,11 +77,11 @@ const PAGE_SIZE: usize = 1000;
 /// Maximum length of `agent_os.tool_args`, in characters (as Python).
 const TOOL_ARGS_MAX_CHARS: usize = 1000;
 /// Span name of a policy-check span.
-const POLICY_CHECK: &str = "agent_os.policy_check";
+const POLICY_CHECK: &str = semconv::agent_os::POLICY_CHECK_SPAN;
 /// Span name of a tool-call span.
-const TOOL_CALL: &str = "agent_os.tool_call";
+const TOOL_CALL: &str = semconv::agent_os::TOOL_CALL_SPAN;
 /// Span name of a signal span.
-const SIGNAL: &str = "agent_os.signal";
+const SIGNAL: &str = semconv::agent_os::SIGNAL_SPAN;
 
 /// Python's `LightningSpan` (`GOV:emitter.py:24-55`), kept as a **compatibility export format**
 /// for files and external telemetry. It is **not** an Agent Lightning span: it has no rollout,
@@ -824,19 +824,25 @@ impl FlightRecorderEmitter {
         // agl additions, written first so the standard attributes win.
         let mut common: Vec<(&'static str, Attr)> = Vec::with_capacity(6);
         common.push((
-            "agent_os.seq",
+            semconv::agent_os::SEQ,
             Attr::Int(i64::try_from(seq).unwrap_or(i64::MAX)),
         ));
         if let Some(r) = &entry.rollout_id {
-            common.push(("agent_os.rollout_id", Attr::Str(r.clone())));
+            common.push((semconv::agent_os::ROLLOUT_ID, Attr::Str(r.clone())));
         }
         if let Some(a) = &entry.attempt_id {
-            common.push(("agent_os.attempt_id", Attr::Str(a.clone())));
+            common.push((semconv::agent_os::ATTEMPT_ID, Attr::Str(a.clone())));
         }
-        common.push(("agent_os.action_type", Attr::Str(entry.action_type.clone())));
+        common.push((
+            semconv::agent_os::ACTION_TYPE,
+            Attr::Str(entry.action_type.clone()),
+        ));
         let with_standard = |entry_type: &str, mut attrs: Vec<(&'static str, Attr)>| {
-            attrs.push(("agent_os.entry_type", Attr::Str(entry_type.to_string())));
-            attrs.push(("agent_os.agent_id", Attr::Str(agent.to_string())));
+            attrs.push((
+                semconv::agent_os::ENTRY_TYPE,
+                Attr::Str(entry_type.to_string()),
+            ));
+            attrs.push((semconv::agent_os::AGENT_ID, Attr::Str(agent.to_string())));
             attrs
         };
 
@@ -844,13 +850,22 @@ impl FlightRecorderEmitter {
         if cfg.include_policy_checks {
             let mut attrs = common.clone();
             if let Some(s) = entry.severity {
-                attrs.push(("agent_os.severity", Attr::Str(s.as_str().to_string())));
+                attrs.push((
+                    semconv::agent_os::SEVERITY,
+                    Attr::Str(s.as_str().to_string()),
+                ));
             }
             let mut attrs = with_standard("policy_check", attrs);
-            attrs.push(("agent_os.policy_name", Attr::Str(entry.policies.join(","))));
-            attrs.push(("agent_os.policy_result", Attr::Str(verdict.to_string())));
             attrs.push((
-                "agent_os.policy_violated",
+                semconv::agent_os::POLICY_NAME,
+                Attr::Str(entry.policies.join(",")),
+            ));
+            attrs.push((
+                semconv::agent_os::POLICY_RESULT,
+                Attr::Str(verdict.to_string()),
+            ));
+            attrs.push((
+                semconv::agent_os::POLICY_VIOLATED,
                 Attr::Bool(!entry.violations.is_empty()),
             ));
             parts.push(Part {
@@ -864,12 +879,15 @@ impl FlightRecorderEmitter {
             && let ActionKind::ToolCall { name, arguments } = &entry.action.kind
         {
             let mut attrs = with_standard("tool_call", common.clone());
-            attrs.push(("agent_os.tool_name", Attr::Str(name.clone())));
+            attrs.push((semconv::agent_os::TOOL_NAME, Attr::Str(name.clone())));
             attrs.push((
-                "agent_os.tool_args",
+                semconv::agent_os::TOOL_ARGS,
                 Attr::Str(truncate_chars(arguments.to_string(), TOOL_ARGS_MAX_CHARS)),
             ));
-            attrs.push(("agent_os.tool_result", Attr::Str(verdict.to_string())));
+            attrs.push((
+                semconv::agent_os::TOOL_RESULT,
+                Attr::Str(verdict.to_string()),
+            ));
             parts.push(Part {
                 span_id: format!("{seq}.tool"),
                 sub: 1,
@@ -886,10 +904,13 @@ impl FlightRecorderEmitter {
             for (i, signal) in entry.signals.iter().enumerate() {
                 let mut attrs = with_standard("signal", common.clone());
                 attrs.push((
-                    "agent_os.signal_type",
+                    semconv::agent_os::SIGNAL_TYPE,
                     Attr::Str(signal.as_str().to_string()),
                 ));
-                attrs.push(("agent_os.signal_target", Attr::Str(target.to_string())));
+                attrs.push((
+                    semconv::agent_os::SIGNAL_TARGET,
+                    Attr::Str(target.to_string()),
+                ));
                 parts.push(Part {
                     span_id: format!("{seq}.signal.{i}"),
                     sub: 2 + i as u64,

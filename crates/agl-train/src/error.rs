@@ -6,9 +6,10 @@
 /// Everything that can fail while building a task, running rollouts or updating the policy.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
-    /// The Spider data could not be loaded or executed.
+    /// The task's own code failed (for example the built-in Spider task's data or executor);
+    /// its error keeps its message.
     #[error(transparent)]
-    Spider(#[from] agl_spider::SpiderError),
+    Task(Box<dyn std::error::Error + Send + Sync>),
     /// The governance kernel failed (for example the flight recorder could not write).
     #[error(transparent)]
     Gov(#[from] agl_gov::GovError),
@@ -54,8 +55,8 @@ pub enum TrainError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// A scorer checkpoint could not be written or read, or does not fit this build's scorer
-    /// (see `checkpoint`); names the directory or file and what is wrong.
+    /// A checkpoint could not be written or read; names the directory or file and what is
+    /// wrong.
     #[error("{path}: {message}")]
     Checkpoint {
         /// The checkpoint directory or the file in it.

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
 use crate::violation::{GovernedRollout, Penalized};
+use agl_core::semconv;
 
 /// Penalties (negative numbers, added to the reward) and shaping switches. JSON/YAML fields
 /// of the same names; unknown fields are refused.
@@ -193,14 +194,14 @@ impl RewardBreakdown {
             ("policy_penalty", self.policy_penalty),
         ]);
         a.insert(
-            "agent_os.violation_count".into(),
+            semconv::agent_os::VIOLATION_COUNT.into(),
             AttributeValue::Int(self.violations as i64),
         );
         a.insert(
-            "agent_os.policy_compliant".into(),
+            semconv::agent_os::POLICY_COMPLIANT.into(),
             (self.violations == 0).into(),
         );
-        a.insert("agl.reward.unclamped".into(), self.unclamped.into());
+        a.insert(semconv::agl::REWARD_UNCLAMPED.into(), self.unclamped.into());
         a
     }
 }

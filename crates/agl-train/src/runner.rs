@@ -107,7 +107,7 @@ pub type AgentError = Box<dyn std::error::Error + Send + Sync>;
 pub type ViolationCallback = Arc<dyn Fn(&PolicyViolation) + Send + Sync>;
 
 /// The key under which a runner publishes its counters in its worker's `heartbeat_stats`.
-pub const HEARTBEAT_KEY: &str = "agl.governance";
+pub const HEARTBEAT_KEY: &str = semconv::agl::GOVERNANCE;
 
 pub use agl_core::semconv::{SOURCE_ATTR, SOURCE_GATEWAY};
 
@@ -441,7 +441,7 @@ pub fn gateway_violations(spans: &[Span]) -> Vec<PolicyViolation> {
             continue;
         }
         let Some(policy) = a
-            .get("agent_os.violation.policy")
+            .get(semconv::agent_os::VIOLATION_POLICY)
             .and_then(AttributeValue::as_str)
         else {
             continue;
@@ -451,24 +451,29 @@ pub fn gateway_violations(spans: &[Span]) -> Vec<PolicyViolation> {
                 .and_then(AttributeValue::as_str)
                 .unwrap_or_default()
         };
-        let severity = text("agent_os.violation.severity")
+        let severity = text(semconv::agent_os::VIOLATION_SEVERITY)
             .parse::<Severity>()
             .unwrap_or(agl_gov::FAIL_CLOSED_SEVERITY);
         let blocked = matches!(
-            a.get("agent_os.violation.blocked"),
+            a.get(semconv::agent_os::VIOLATION_BLOCKED),
             Some(AttributeValue::Bool(true))
         );
         let kind = if blocked {
             PolicyViolationType::Blocked
-        } else if text("agent_os.violation.effect").eq_ignore_ascii_case("modify") {
+        } else if text(semconv::agent_os::VIOLATION_EFFECT).eq_ignore_ascii_case("modify") {
             PolicyViolationType::Modified
         } else {
             PolicyViolationType::Warned
         };
-        let mut v = PolicyViolation::new(kind, policy, text("agent_os.violation.reason"), severity)
-            .with_action_blocked(blocked);
+        let mut v = PolicyViolation::new(
+            kind,
+            policy,
+            text(semconv::agent_os::VIOLATION_REASON),
+            severity,
+        )
+        .with_action_blocked(blocked);
         if let Some(p) = a
-            .get("agent_os.violation.penalty")
+            .get(semconv::agent_os::VIOLATION_PENALTY)
             .and_then(AttributeValue::as_f64)
             .filter(|p| p.is_finite())
         {
@@ -1033,15 +1038,15 @@ where
 pub fn governance_attributes<I, O>(rollout: &GovernedRollout<I, O>) -> Attributes {
     let mut a = Attributes::new();
     a.insert(
-        "agent_os.violations".into(),
+        semconv::agent_os::VIOLATIONS.into(),
         AttributeValue::Int(rollout.violations.len() as i64),
     );
     a.insert(
-        "agent_os.total_penalty".into(),
+        semconv::agent_os::TOTAL_PENALTY.into(),
         rollout.total_penalty().into(),
     );
     a.insert(
-        "agent_os.violation_types".into(),
+        semconv::agent_os::VIOLATION_TYPES.into(),
         AttributeValue::StrArray(
             rollout
                 .violations
@@ -1051,7 +1056,7 @@ pub fn governance_attributes<I, O>(rollout: &GovernedRollout<I, O>) -> Attribute
         ),
     );
     a.insert(
-        "agent_os.policies_violated".into(),
+        semconv::agent_os::POLICIES_VIOLATED.into(),
         AttributeValue::StrArray(
             rollout
                 .policies_violated()
@@ -1061,7 +1066,7 @@ pub fn governance_attributes<I, O>(rollout: &GovernedRollout<I, O>) -> Attribute
         ),
     );
     a.insert(
-        "agent_os.signals".into(),
+        semconv::agent_os::SIGNALS.into(),
         AttributeValue::StrArray(
             rollout
                 .signals_sent
@@ -1070,7 +1075,7 @@ pub fn governance_attributes<I, O>(rollout: &GovernedRollout<I, O>) -> Attribute
                 .collect(),
         ),
     );
-    a.insert("agl.success".into(), rollout.success.into());
+    a.insert(semconv::agl::SUCCESS.into(), rollout.success.into());
     a
 }
 

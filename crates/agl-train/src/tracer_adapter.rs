@@ -56,16 +56,16 @@ pub const VIRTUAL_ROOT: &str = "virtual-root";
 pub const LOGPROBS_CONTENT: &str = "logprobs.content";
 /// agl gateway span attribute (float array): one raw log-probability per response token,
 /// aligned with `response_token_ids`; copied to `response.logprobs_values`.
-pub const AGL_RESPONSE_LOGPROBS: &str = "agl.response.logprobs";
+pub const AGL_RESPONSE_LOGPROBS: &str = semconv::agl::RESPONSE_LOGPROBS;
 /// agl gateway span attribute (bool): `true` when the upstream returned no token ids (the id
 /// attributes are then absent).
-pub const AGL_TOKEN_IDS_MISSING: &str = "agl.token_ids.missing";
+pub const AGL_TOKEN_IDS_MISSING: &str = semconv::agl::TOKEN_IDS_MISSING;
 /// agl gateway span attribute (string): the LoRA adapter / model version that answered;
 /// copied to `metadata.adapter`.
-pub const AGL_ADAPTER: &str = "agl.adapter";
+pub const AGL_ADAPTER: &str = semconv::agl::ADAPTER;
 /// agl gateway span attribute (bool): `true` when governance withheld the response from the
 /// agent; copied to `metadata.blocked`.
-pub const AGL_GATEWAY_BLOCKED: &str = "agl.gateway.blocked";
+pub const AGL_GATEWAY_BLOCKED: &str = semconv::agl::GATEWAY_BLOCKED;
 /// Unflattening splits an attribute key into at most this many dotted parts; the last part
 /// keeps any further dots. Bounds the nesting (and recursion) that one span can cause.
 pub const MAX_KEY_DEPTH: usize = 32;
@@ -83,7 +83,10 @@ const RESPONSE_TOKEN_ID_KEYS: [&str; 4] = [
     "agentlightning.operation.output.choices.0.provider_specific_fields.token_ids",
 ];
 /// Response id: the first of these attributes that is a string (§8.3).
-const RESPONSE_ID_KEYS: [&str; 2] = ["gen_ai.response.id", "agentlightning.operation.output.id"];
+const RESPONSE_ID_KEYS: [&str; 2] = [
+    semconv::gen_ai::RESPONSE_ID,
+    "agentlightning.operation.output.id",
+];
 
 /// How reward spans are given to LLM calls (`RewardMatchPolicy`, §8.5). JSON and `FromStr`:
 /// `"first_occurrence"`, `"first_sibling"` (Python's enum values; the upper-case member names
@@ -910,11 +913,14 @@ fn span_to_triplet(span: &Span, agent_name: &str) -> Result<Triplet, TrainError>
     let attrs = &span.attributes;
     let prompt_ids = token_ids(span, &PROMPT_TOKEN_ID_KEYS).unwrap_or_default();
     let response_ids = token_ids(span, &RESPONSE_TOKEN_ID_KEYS).unwrap_or_default();
-    let mut request = unflatten_first(attrs, &["gen_ai.request", semconv::OPERATION_INPUT]);
+    let mut request = unflatten_first(attrs, &[semconv::gen_ai::REQUEST, semconv::OPERATION_INPUT]);
     if let Value::Object(m) = &mut request {
         m.remove("messages");
     }
-    let mut response_meta = unflatten_first(attrs, &["gen_ai.response", semconv::OPERATION_OUTPUT]);
+    let mut response_meta = unflatten_first(
+        attrs,
+        &[semconv::gen_ai::RESPONSE, semconv::OPERATION_OUTPUT],
+    );
     if let Value::Object(m) = &mut response_meta {
         for key in ["choices", "prompt_token_ids", "response_token_ids"] {
             m.remove(key);
@@ -922,12 +928,15 @@ fn span_to_triplet(span: &Span, agent_name: &str) -> Result<Triplet, TrainError>
     }
     let prompt_raw = unflatten_first(
         attrs,
-        &["gen_ai.prompt", "agentlightning.operation.input.messages"],
+        &[
+            semconv::gen_ai::PROMPT,
+            "agentlightning.operation.input.messages",
+        ],
     );
     let completion_raw = unflatten_first(
         attrs,
         &[
-            "gen_ai.completion",
+            semconv::gen_ai::COMPLETION,
             "agentlightning.operation.output.choices",
         ],
     );

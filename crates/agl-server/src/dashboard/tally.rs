@@ -26,6 +26,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
+use agl_core::semconv;
 use agl_core::{AttributeValue, Rollout, RolloutStatus, Span, get_reward_value};
 use agl_store::{
     LightningStore, RolloutQuery, Sort, SpanQuery, StoreError, StoreStatistics, Window,
@@ -89,27 +90,27 @@ impl RolloutFacts {
         let mut blocked = Vec::new();
         for s in ordered {
             let a = &s.attributes;
-            if let Some(AttributeValue::Bool(c)) = a.get("agl.correct") {
+            if let Some(AttributeValue::Bool(c)) = a.get(semconv::agl::CORRECT) {
                 correct = Some(*c);
             }
-            if let Some(policy) = a.get("agent_os.violation.policy").and_then(text) {
+            if let Some(policy) = a.get(semconv::agent_os::VIOLATION_POLICY).and_then(text) {
                 findings.push(Finding {
                     policy,
                     severity: a
-                        .get("agent_os.violation.severity")
+                        .get(semconv::agent_os::VIOLATION_SEVERITY)
                         .and_then(text)
                         .unwrap_or_else(|| "–".into()),
                     time: s.start_time.unwrap_or(end_time),
                 });
             }
             let verdict = a
-                .get("agl.verdict")
-                .or_else(|| a.get("agl.gateway.verdict"))
+                .get(semconv::agl::VERDICT)
+                .or_else(|| a.get(semconv::agl::GATEWAY_VERDICT))
                 .and_then(text);
             if verdict.as_deref() == Some("block") {
                 blocked.push(
-                    a.get("agl.sql")
-                        .or_else(|| a.get("agent_os.action_type"))
+                    a.get(semconv::agl::SQL)
+                        .or_else(|| a.get(semconv::agent_os::ACTION_TYPE))
                         .and_then(text)
                         .unwrap_or_else(|| s.name.clone()),
                 );

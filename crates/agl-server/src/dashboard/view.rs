@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use agl_core::semconv;
 use agl_core::{
     AnyRollout, Attempt, AttributeValue, Rollout, RolloutMode, RolloutStatus, Span, Worker,
 };
@@ -325,10 +326,10 @@ fn is_llm(s: &Span) -> bool {
 /// operation, the kernel's violation annotations, the gateway's verdicts).
 fn is_governance(s: &Span) -> bool {
     [
-        "agl.verdict",
-        "agl.gateway.verdict",
-        "agent_os.violation.policy",
-        "agent_os.action_type",
+        semconv::agl::VERDICT,
+        semconv::agl::GATEWAY_VERDICT,
+        semconv::agent_os::VIOLATION_POLICY,
+        semconv::agent_os::ACTION_TYPE,
     ]
     .iter()
     .any(|k| s.attributes.contains_key(*k))
@@ -351,23 +352,25 @@ fn messages(s: &Span, prefix: &str) -> Vec<Message> {
 fn llm_call(s: &Span) -> LlmCall {
     let count = |k: &str| attr(s, k).map_or_else(|| "–".into(), text);
     LlmCall {
-        messages: messages(s, "gen_ai.prompt"),
-        completions: messages(s, "gen_ai.completion"),
-        prompt_tokens: count("gen_ai.usage.prompt_tokens"),
-        completion_tokens: count("gen_ai.usage.completion_tokens"),
+        messages: messages(s, semconv::gen_ai::PROMPT),
+        completions: messages(s, semconv::gen_ai::COMPLETION),
+        prompt_tokens: count(semconv::gen_ai::USAGE_PROMPT_TOKENS),
+        completion_tokens: count(semconv::gen_ai::USAGE_COMPLETION_TOKENS),
         token_ids: s.attributes.contains_key("prompt_token_ids")
             && s.attributes.contains_key("response_token_ids"),
-        model: attr_text(s, "gen_ai.response.model"),
+        model: attr_text(s, semconv::gen_ai::RESPONSE_MODEL),
     }
 }
 
 fn governance(s: &Span) -> Governance {
     Governance {
-        action: attr_text(s, "agl.sql").or_else(|| attr_text(s, "agent_os.action_type")),
-        verdict: attr_text(s, "agl.verdict").or_else(|| attr_text(s, "agl.gateway.verdict")),
-        policy: attr_text(s, "agent_os.violation.policy"),
-        severity: attr_text(s, "agent_os.violation.severity"),
-        reason: attr_text(s, "agent_os.violation.reason"),
+        action: attr_text(s, semconv::agl::SQL)
+            .or_else(|| attr_text(s, semconv::agent_os::ACTION_TYPE)),
+        verdict: attr_text(s, semconv::agl::VERDICT)
+            .or_else(|| attr_text(s, semconv::agl::GATEWAY_VERDICT)),
+        policy: attr_text(s, semconv::agent_os::VIOLATION_POLICY),
+        severity: attr_text(s, semconv::agent_os::VIOLATION_SEVERITY),
+        reason: attr_text(s, semconv::agent_os::VIOLATION_REASON),
     }
 }
 
@@ -445,12 +448,15 @@ impl Trace {
                 {
                     reward = Some(v);
                 }
-                if let Some(policy) = attr_text(s, "agent_os.violation.policy") {
+                if let Some(policy) = attr_text(s, semconv::agent_os::VIOLATION_POLICY) {
                     violations.push(ViolationRow {
                         policy,
-                        severity: attr_text(s, "agent_os.violation.severity").unwrap_or_default(),
-                        effect: attr_text(s, "agent_os.violation.effect").unwrap_or_default(),
-                        reason: attr_text(s, "agent_os.violation.reason").unwrap_or_default(),
+                        severity: attr_text(s, semconv::agent_os::VIOLATION_SEVERITY)
+                            .unwrap_or_default(),
+                        effect: attr_text(s, semconv::agent_os::VIOLATION_EFFECT)
+                            .unwrap_or_default(),
+                        reason: attr_text(s, semconv::agent_os::VIOLATION_REASON)
+                            .unwrap_or_default(),
                     });
                 }
                 let start = s.start_time.unwrap_or(t0);

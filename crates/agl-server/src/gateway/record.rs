@@ -327,7 +327,7 @@ fn scalar(v: &Value) -> Option<AttributeValue> {
 /// The call span's attributes (see the module docs).
 pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
     let mut a = Attributes::new();
-    put(&mut a, "gen_ai.system", "openai");
+    put(&mut a, semconv::gen_ai::SYSTEM, "openai");
     for key in [
         "model",
         "temperature",
@@ -399,15 +399,15 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
         }
     }
     if let Some(id) = &rec.response_id {
-        put(&mut a, "gen_ai.response.id", id.as_str());
+        put(&mut a, semconv::gen_ai::RESPONSE_ID, id.as_str());
     }
     if let Some(m) = &rec.response_model {
-        put(&mut a, "gen_ai.response.model", m.as_str());
-        put(&mut a, "agl.adapter", m.as_str());
+        put(&mut a, semconv::gen_ai::RESPONSE_MODEL, m.as_str());
+        put(&mut a, semconv::agl::ADAPTER, m.as_str());
     }
     if let Some((p, c)) = rec.usage {
-        put(&mut a, "gen_ai.usage.prompt_tokens", p);
-        put(&mut a, "gen_ai.usage.completion_tokens", c);
+        put(&mut a, semconv::gen_ai::USAGE_PROMPT_TOKENS, p);
+        put(&mut a, semconv::gen_ai::USAGE_COMPLETION_TOKENS, c);
         put(&mut a, "llm.usage.total_tokens", p + c);
     }
     let first = rec.choices.first();
@@ -426,9 +426,9 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
                 "response_token_ids",
                 AttributeValue::IntArray(r.clone()),
             );
-            put(&mut a, "agl.token_ids.missing", false);
+            put(&mut a, semconv::agl::TOKEN_IDS_MISSING, false);
         }
-        _ => put(&mut a, "agl.token_ids.missing", true),
+        _ => put(&mut a, semconv::agl::TOKEN_IDS_MISSING, true),
     }
     if let Some(c) = first {
         if !c.logprobs_content.is_empty() {
@@ -441,24 +441,28 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
         if let Some(lp) = &c.logprobs {
             put(
                 &mut a,
-                "agl.response.logprobs",
+                semconv::agl::RESPONSE_LOGPROBS,
                 AttributeValue::FloatArray(lp.clone()),
             );
         }
     }
-    put(&mut a, "agl.upstream", facts.upstream);
-    put(&mut a, "agl.latency_s", (facts.end - facts.start).max(0.0));
+    put(&mut a, semconv::agl::UPSTREAM, facts.upstream);
+    put(
+        &mut a,
+        semconv::agl::LATENCY_S,
+        (facts.end - facts.start).max(0.0),
+    );
     if let Some(t) = rec.ttft_s {
-        put(&mut a, "agl.ttft_s", t);
+        put(&mut a, semconv::agl::TTFT_S, t);
     }
     if let Some(v) = &facts.verdict {
-        put(&mut a, "agl.gateway.verdict", v.as_str());
-        put(&mut a, "agl.gateway.blocked", v == "block");
+        put(&mut a, semconv::agl::GATEWAY_VERDICT, v.as_str());
+        put(&mut a, semconv::agl::GATEWAY_BLOCKED, v == "block");
     }
-    put(&mut a, "agl.gateway.redacted", facts.redacted);
+    put(&mut a, semconv::agl::GATEWAY_REDACTED, facts.redacted);
     put(&mut a, "http.status_code", i64::from(facts.status));
     if let Some(e) = &facts.error {
-        put(&mut a, "agl.error", e.as_str());
+        put(&mut a, semconv::agl::ERROR, e.as_str());
     }
     put(&mut a, SOURCE_ATTR, SOURCE_GATEWAY);
     a
@@ -491,16 +495,28 @@ pub fn spans(
     let mut out = Vec::with_capacity(1 + violations.len());
     for (action_type, v) in violations {
         let mut a = Attributes::new();
-        put(&mut a, "agent_os.violation.policy", v.policy.as_str());
         put(
             &mut a,
-            "agent_os.violation.severity",
+            semconv::agent_os::VIOLATION_POLICY,
+            v.policy.as_str(),
+        );
+        put(
+            &mut a,
+            semconv::agent_os::VIOLATION_SEVERITY,
             v.severity.to_string(),
         );
-        put(&mut a, "agent_os.violation.reason", v.reason.as_str());
-        put(&mut a, "agent_os.violation.blocked", v.blocked());
-        put(&mut a, "agent_os.violation.effect", v.effect.as_str());
-        put(&mut a, "agent_os.action_type", *action_type);
+        put(
+            &mut a,
+            semconv::agent_os::VIOLATION_REASON,
+            v.reason.as_str(),
+        );
+        put(&mut a, semconv::agent_os::VIOLATION_BLOCKED, v.blocked());
+        put(
+            &mut a,
+            semconv::agent_os::VIOLATION_EFFECT,
+            v.effect.as_str(),
+        );
+        put(&mut a, semconv::agent_os::ACTION_TYPE, *action_type);
         put(&mut a, SOURCE_ATTR, SOURCE_GATEWAY);
         let mut s = Span::new(
             rollout_id,

@@ -9,8 +9,8 @@
 use agl_core::{AttributeValue, Rollout, Span, Triplet, find_final_reward, semconv};
 use serde_json::json;
 
-use crate::error::TrainError;
-use crate::spider_runner::SqlTaskInput;
+use crate::error::SpiderError;
+use crate::scorer::runner::SqlTaskInput;
 
 /// What the trainer needs to know about one finished rollout.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,8 +38,8 @@ fn attr_bool(span: &Span, key: &str) -> bool {
 }
 
 /// Reads `rollout`'s spans.
-pub fn rollout_result(rollout: &Rollout, spans: &[Span]) -> Result<RolloutResult, TrainError> {
-    let bad = |message: String| TrainError::Rollout {
+pub fn rollout_result(rollout: &Rollout, spans: &[Span]) -> Result<RolloutResult, SpiderError> {
+    let bad = |message: String| SpiderError::Rollout {
         rollout_id: rollout.rollout_id.clone(),
         message,
     };
@@ -60,15 +60,16 @@ pub fn rollout_result(rollout: &Rollout, spans: &[Span]) -> Result<RolloutResult
     let mut violations = 0;
     let mut blocked = false;
     for s in spans.iter().filter(|s| s.name == semconv::AGL_ANNOTATION) {
-        if let Some(AttributeValue::Str(p)) = s.attributes.get("agent_os.violation.policy") {
+        if let Some(AttributeValue::Str(p)) = s.attributes.get(semconv::agent_os::VIOLATION_POLICY)
+        {
             violations += 1;
-            blocked |= attr_bool(s, "agent_os.violation.blocked");
+            blocked |= attr_bool(s, semconv::agent_os::VIOLATION_BLOCKED);
             if !policies.contains(p) {
                 policies.push(p.clone());
             }
         }
     }
-    let executed = attr_bool(action, "agl.executed");
+    let executed = attr_bool(action, semconv::agl::EXECUTED);
     Ok(RolloutResult {
         input,
         reward,
@@ -76,8 +77,8 @@ pub fn rollout_result(rollout: &Rollout, spans: &[Span]) -> Result<RolloutResult
         policies,
         blocked: blocked && !executed,
         executed,
-        destructive: attr_bool(action, "agl.destructive"),
-        correct: attr_bool(action, "agl.correct"),
+        destructive: attr_bool(action, semconv::agl::DESTRUCTIVE),
+        correct: attr_bool(action, semconv::agl::CORRECT),
     })
 }
 
@@ -105,11 +106,11 @@ pub fn to_triplet(result: &RolloutResult, sql: &str) -> Triplet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reward::{PolicyReward, RewardConfig};
-    use crate::spider_runner::{StepOutcome, outcome_spans};
+    use crate::Split;
+    use crate::scorer::runner::{StepOutcome, outcome_spans};
     use agl_core::{EnqueueRolloutRequest, get_reward_value};
     use agl_gov::{Decision, GovernanceMode, Severity, Verdict, Violation};
-    use agl_spider::Split;
+    use agl_train::reward::{PolicyReward, RewardConfig};
 
     fn rollout(input: SqlTaskInput) -> Rollout {
         let req = EnqueueRolloutRequest::new(serde_json::to_value(input).unwrap());

@@ -25,7 +25,7 @@
 //! shared with the LLM trainer's adapter checkpoints.
 //!
 //! # Reading
-//! [`load`] refuses, with a [`TrainError::Checkpoint`] naming the file and what is wrong: a
+//! [`load`] refuses, with a [`SpiderError::Checkpoint`] naming the file and what is wrong: a
 //! missing directory or file, a `config.json` that is not valid JSON or has unknown or missing
 //! fields, a `model` section that does not describe this build's scorer, a
 //! `model.safetensors` that candle cannot read, and a tensor that is missing, unknown, not f32,
@@ -39,10 +39,11 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::error::TrainError;
-use crate::features::{FEATURE_DIM, FEATURES_VERSION};
-use crate::model::{PolicyModel, Scorer};
-use crate::training_mode::TrainingMode;
+use crate::error::SpiderError;
+use crate::scorer::features::{FEATURE_DIM, FEATURES_VERSION};
+use crate::scorer::model::{PolicyModel, Scorer};
+use agl_train::checkpoint::{sync_dir, write_dir_atomically};
+use agl_train::training_mode::TrainingMode;
 
 /// The parameters file of a checkpoint directory.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -201,15 +202,15 @@ impl std::fmt::Debug for Checkpoint {
     }
 }
 
-fn err(path: &Path, message: impl Into<String>) -> TrainError {
-    TrainError::Checkpoint {
+fn err(path: &Path, message: impl Into<String>) -> SpiderError {
+    SpiderError::Checkpoint {
         path: path.to_path_buf(),
         message: message.into(),
     }
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io {
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SpiderError + '_ {
+    move |source| SpiderError::File {
         path: path.to_path_buf(),
         source,
     }
@@ -224,15 +225,15 @@ fn first_line(e: &dyn std::fmt::Display) -> String {
 /// config.json}`), atomically (see the module docs), and returns the checkpoint's directory.
 ///
 /// # Errors
-/// [`TrainError::Checkpoint`] when the model cannot be checkpointed or `root` is not a
-/// directory; [`TrainError::Io`] (naming the file) when writing fails; [`TrainError::Model`]
+/// [`SpiderError::Checkpoint`] when the model cannot be checkpointed or `root` is not a
+/// directory; [`SpiderError::File`] (naming the file) when writing fails; [`SpiderError::Model`]
 /// when candle cannot serialise a tensor. Nothing is left under `name` on failure.
 pub fn save(
     root: &Path,
     name: &str,
     model: &dyn PolicyModel,
     training: &TrainingState,
-) -> Result<PathBuf, TrainError> {
+) -> Result<PathBuf, SpiderError> {
     let (spec, vars) = model
         .named_vars()
         .ok_or_else(|| err(root, "this policy model cannot be checkpointed"))?;
@@ -251,66 +252,12 @@ pub fn save(
     write_dir_atomically(root, name, |tmp| write_files(tmp, &vars, &config))
 }
 
-/// Writes the directory `root/name` atomically (the mechanism of every checkpoint, the
-/// scorer's and the LLM trainer's): `write` fills a fresh hidden `root/.NAME.tmp-PID`, which is
-/// then renamed to `name`; a directory that already has the name is moved aside first
-/// (`.NAME.old-PID`) and removed after, and `root` is synced. On failure nothing is left under
-/// `name` that was not there before. Returns `root/name`.
-///
-/// # Errors
-/// What `write` returns; [`TrainError::Io`] naming the directory when creating, renaming or
-/// syncing fails.
-pub fn write_dir_atomically(
-    root: &Path,
-    name: &str,
-    write: impl FnOnce(&Path) -> Result<(), TrainError>,
-) -> Result<PathBuf, TrainError> {
-    std::fs::create_dir_all(root).map_err(io_err(root))?;
-    let pid = std::process::id();
-    let tmp = root.join(format!(".{name}.tmp-{pid}"));
-    let written = fresh_dir(&tmp).and_then(|()| write(&tmp));
-    if let Err(e) = written {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    let target = root.join(name);
-    let old = root.join(format!(".{name}.old-{pid}"));
-    let moved_aside = target.exists();
-    if moved_aside {
-        let _ = std::fs::remove_dir_all(&old);
-        if let Err(e) = std::fs::rename(&target, &old) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(io_err(&target)(e));
-        }
-    }
-    if let Err(e) = std::fs::rename(&tmp, &target) {
-        if moved_aside {
-            let _ = std::fs::rename(&old, &target);
-        }
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(io_err(&target)(e));
-    }
-    if moved_aside {
-        std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
-    }
-    sync_dir(root)?;
-    Ok(target)
-}
-
-/// Creates `dir` empty (removing a leftover of an earlier crash).
-fn fresh_dir(dir: &Path) -> Result<(), TrainError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
-    }
-    std::fs::create_dir(dir).map_err(io_err(dir))
-}
-
 /// Writes the two files into the empty `dir` and syncs them.
 fn write_files(
     dir: &Path,
     vars: &[(&'static str, candle_core::Var)],
     config: &CheckpointConfig,
-) -> Result<(), TrainError> {
+) -> Result<(), SpiderError> {
     let tensors: HashMap<&str, Tensor> = vars
         .iter()
         .map(|(name, var)| (*name, var.as_tensor().clone()))
@@ -327,26 +274,15 @@ fn write_files(
     f.write_all(&json)
         .and_then(|()| f.sync_all())
         .map_err(io_err(&path))?;
-    sync_dir(dir)
-}
-
-/// Makes a directory's entries (renames, new files) durable.
-fn sync_dir(dir: &Path) -> Result<(), TrainError> {
-    #[cfg(unix)]
-    File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err(dir))?;
-    #[cfg(not(unix))]
-    let _ = dir;
-    Ok(())
+    Ok(sync_dir(dir)?)
 }
 
 /// Reads the checkpoint in `dir` (a `step-N` or `final` directory) and rebuilds the scorer.
 ///
 /// # Errors
-/// [`TrainError::Checkpoint`] naming the directory or file and what is wrong (see the module
-/// docs); [`TrainError::Io`] when a file exists but cannot be read.
-pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
+/// [`SpiderError::Checkpoint`] naming the directory or file and what is wrong (see the module
+/// docs); [`SpiderError::File`] when a file exists but cannot be read.
+pub fn load(dir: &Path) -> Result<Checkpoint, SpiderError> {
     const EXPECTED: &str =
         "expected a `step-N` or `final` directory written by `agl train --checkpoint-dir`";
     if !dir.exists() {
@@ -437,7 +373,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
 }
 
 /// Reads and checks `dir/config.json`.
-fn read_config(dir: &Path) -> Result<CheckpointConfig, TrainError> {
+fn read_config(dir: &Path) -> Result<CheckpointConfig, SpiderError> {
     let path = dir.join(CONFIG_FILE);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
@@ -486,8 +422,8 @@ fn read_config(dir: &Path) -> Result<CheckpointConfig, TrainError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::featurize;
-    use crate::model::FeatureBatch;
+    use crate::scorer::features::featurize;
+    use crate::scorer::model::FeatureBatch;
 
     fn training(step: usize) -> TrainingState {
         TrainingState {
@@ -621,7 +557,7 @@ mod tests {
         spoil(&dir);
         let before = snapshot(root.path());
         let e = load(&dir).unwrap_err();
-        assert!(matches!(e, TrainError::Checkpoint { .. }), "{e:?}");
+        assert!(matches!(e, SpiderError::Checkpoint { .. }), "{e:?}");
         assert_eq!(snapshot(root.path()), before, "load must not write");
         let text = e.to_string();
         assert_eq!(text.lines().count(), 1, "{text}");

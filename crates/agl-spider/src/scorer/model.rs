@@ -20,8 +20,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::checkpoint::ModelSpec;
-use crate::features::{FEATURE_DIM, SparseFeatures};
+use crate::scorer::checkpoint::ModelSpec;
+use crate::scorer::features::{FEATURE_DIM, SparseFeatures};
 
 /// A scoring policy over candidate actions.
 pub trait PolicyModel: Send {
@@ -221,7 +221,7 @@ impl FeatureBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::featurize;
+    use crate::scorer::features::featurize;
 
     #[test]
     fn under_one_million_parameters() {

@@ -29,18 +29,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::{Executor, Split, execution_match};
 use agl_core::{
     AttemptStatus, AttemptedRollout, AttributeValue, Attributes, RolloutMode, Span, semconv,
 };
 use agl_gov::{Action, ActionKind, Decision, Kernel};
-use agl_spider::{Executor, SpiderError, Split, execution_match};
 use agl_store::{AttemptUpdate, LightningStore};
 use serde::{Deserialize, Serialize};
 
-use crate::error::TrainError;
-use crate::reward::{PolicyReward, RewardBreakdown, RewardConfig};
+use crate::error::SpiderError;
 use crate::task::{SpiderTask, TaskItem};
-use crate::training_mode::TrainingMode;
+use agl_train::reward::{PolicyReward, RewardBreakdown, RewardConfig};
+use agl_train::training_mode::TrainingMode;
 
 /// What a rollout asks the runner to do: answer question `question` of `split` with candidate
 /// `candidate`. This is the rollout's `input` JSON.
@@ -115,15 +115,15 @@ impl SpiderRunner {
     /// A runner of `mode` over `kernel` with reward shaping `reward` (applied in `enforce`).
     ///
     /// # Errors
-    /// [`TrainError::Config`] when the kernel's mode is not `mode`'s
+    /// [`SpiderError::Config`] when the kernel's mode is not `mode`'s
     /// ([`TrainingMode::kernel_mode`]).
     pub fn new(
         kernel: Arc<Kernel>,
         mode: TrainingMode,
         reward: RewardConfig,
-    ) -> Result<Self, TrainError> {
+    ) -> Result<Self, SpiderError> {
         if kernel.mode() != mode.kernel_mode() {
-            return Err(TrainError::Config(format!(
+            return Err(SpiderError::Config(format!(
                 "training mode {mode} needs a kernel in {} mode, not {}",
                 mode.kernel_mode(),
                 kernel.mode()
@@ -156,11 +156,11 @@ impl SpiderRunner {
         item: &TaskItem,
         candidate: usize,
         rollout_id: Option<&str>,
-    ) -> Result<StepOutcome, TrainError> {
+    ) -> Result<StepOutcome, SpiderError> {
         let cand = item
             .candidates
             .get(candidate)
-            .ok_or_else(|| TrainError::Rollout {
+            .ok_or_else(|| SpiderError::Rollout {
                 rollout_id: rollout_id.unwrap_or("-").to_string(),
                 message: format!(
                     "candidate {candidate} out of range ({} candidates)",
@@ -189,7 +189,7 @@ impl SpiderRunner {
                     out.executed = true;
                     out.error = Some(e.to_string());
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
         let base = if out.correct { 1.0 } else { 0.0 };
@@ -219,26 +219,32 @@ pub fn outcome_spans(
     let mut spans = Vec::with_capacity(2 + outcome.decision.violations.len());
     let mut attrs = Attributes::new();
     attrs.insert(semconv::OPERATION_NAME.into(), "sql.query".into());
-    attrs.insert("agl.sql".into(), sql.into());
-    attrs.insert("agl.database".into(), database.into());
+    attrs.insert(semconv::agl::SQL.into(), sql.into());
+    attrs.insert(semconv::agl::DATABASE.into(), database.into());
     attrs.insert(
-        "agl.verdict".into(),
+        semconv::agl::VERDICT.into(),
         outcome.decision.verdict.to_string().into(),
     );
-    attrs.insert("agl.executed".into(), outcome.executed.into());
+    attrs.insert(semconv::agl::EXECUTED.into(), outcome.executed.into());
     attrs.insert(
-        "agl.rows_returned".into(),
+        semconv::agl::ROWS_RETURNED.into(),
         AttributeValue::Int(outcome.rows_returned as i64),
     );
     attrs.insert(
-        "agl.rows_changed".into(),
+        semconv::agl::ROWS_CHANGED.into(),
         AttributeValue::Int(outcome.rows_changed as i64),
     );
-    attrs.insert("agl.schema_changed".into(), outcome.schema_changed.into());
-    attrs.insert("agl.destructive".into(), outcome.destructive().into());
-    attrs.insert("agl.correct".into(), outcome.correct.into());
+    attrs.insert(
+        semconv::agl::SCHEMA_CHANGED.into(),
+        outcome.schema_changed.into(),
+    );
+    attrs.insert(
+        semconv::agl::DESTRUCTIVE.into(),
+        outcome.destructive().into(),
+    );
+    attrs.insert(semconv::agl::CORRECT.into(), outcome.correct.into());
     if let Some(e) = &outcome.error {
-        attrs.insert("agl.error".into(), e.clone().into());
+        attrs.insert(semconv::agl::ERROR.into(), e.clone().into());
     }
     spans.push(Span::new(
         rollout_id,
@@ -249,15 +255,24 @@ pub fn outcome_spans(
     ));
     for v in &outcome.decision.violations {
         let mut a = Attributes::new();
-        a.insert("agent_os.violation.policy".into(), v.policy.clone().into());
         a.insert(
-            "agent_os.violation.severity".into(),
+            semconv::agent_os::VIOLATION_POLICY.into(),
+            v.policy.clone().into(),
+        );
+        a.insert(
+            semconv::agent_os::VIOLATION_SEVERITY.into(),
             v.severity.to_string().into(),
         );
-        a.insert("agent_os.violation.reason".into(), v.reason.clone().into());
-        a.insert("agent_os.violation.blocked".into(), v.blocked().into());
         a.insert(
-            "agent_os.violation.effect".into(),
+            semconv::agent_os::VIOLATION_REASON.into(),
+            v.reason.clone().into(),
+        );
+        a.insert(
+            semconv::agent_os::VIOLATION_BLOCKED.into(),
+            v.blocked().into(),
+        );
+        a.insert(
+            semconv::agent_os::VIOLATION_EFFECT.into(),
             v.effect.as_str().to_string().into(),
         );
         spans.push(Span::new(
@@ -318,7 +333,7 @@ pub trait RunnerResolver: Send + Sync {
         handle: &tokio::runtime::Handle,
         store: &dyn LightningStore,
         rollout: &AttemptedRollout,
-    ) -> Result<Assignment, TrainError>;
+    ) -> Result<Assignment, SpiderError>;
 }
 
 /// One task, train rollouts through `train`, val/test rollouts through `eval`.
@@ -337,7 +352,7 @@ impl RunnerResolver for FixedRunners {
         _handle: &tokio::runtime::Handle,
         _store: &dyn LightningStore,
         rollout: &AttemptedRollout,
-    ) -> Result<Assignment, TrainError> {
+    ) -> Result<Assignment, SpiderError> {
         Ok(Assignment::by_mode(
             rollout,
             &self.train,
@@ -377,7 +392,7 @@ pub fn run_worker(
     worker_id: String,
     stop: Arc<AtomicBool>,
     options: WorkerOptions,
-) -> Result<u64, TrainError> {
+) -> Result<u64, SpiderError> {
     let mut executor: Option<(std::path::PathBuf, Executor)> = None;
     let mut done = 0u64;
     let mut idle = Duration::from_millis(1);
@@ -459,7 +474,7 @@ impl StoreFailures {
         worker_id: &str,
         what: &str,
         error: agl_store::StoreError,
-    ) -> Result<(), TrainError> {
+    ) -> Result<(), SpiderError> {
         self.in_a_row += 1;
         if matches!(error, agl_store::StoreError::Closed) || self.in_a_row >= Self::LIMIT {
             return Err(error.into());
@@ -487,12 +502,12 @@ fn process(
     task: &SpiderTask,
     executor: &mut Executor,
     attempted: &AttemptedRollout,
-) -> Result<(), TrainError> {
+) -> Result<(), SpiderError> {
     let rid = &attempted.rollout.rollout_id;
     let aid = &attempted.attempt.attempt_id;
     let input: SqlTaskInput =
         serde_json::from_value(attempted.rollout.input.clone()).map_err(|e| {
-            TrainError::Rollout {
+            SpiderError::Rollout {
                 rollout_id: rid.clone(),
                 message: format!("input is not a SQL task input: {e}"),
             }
@@ -500,7 +515,7 @@ fn process(
     let item = task
         .items(input.split)
         .get(input.question)
-        .ok_or_else(|| TrainError::Rollout {
+        .ok_or_else(|| SpiderError::Rollout {
             rollout_id: rid.clone(),
             message: format!("no {} question {}", input.split, input.question),
         })?;

@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::Split;
 use agl_core::{
     EnqueueRolloutRequest, LlmResource, NamedResources, Resource, ResourcesUpdate, RolloutConfig,
     RolloutMode, RolloutStatus,
 };
 use agl_gov::{BuildEnv, DEFAULT_PRESET, FlightRecorder, GovernanceMode, Kernel, PolicyFile};
-use agl_spider::Split;
 use agl_store::{InMemoryLightningStore, LightningStore};
 use candle_core::Tensor;
 use rand::seq::SliceRandom;
@@ -32,17 +32,18 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::adapter::{RolloutResult, rollout_result};
-use crate::checkpoint::{self, CheckpointPlan, TrainingState};
-use crate::error::TrainError;
-use crate::grpo::{Grpo, GrpoConfig, greedy};
-use crate::model::{FeatureBatch, PolicyModel, Scorer};
-use crate::reward::RewardConfig;
-use crate::spider_runner::{
+use crate::error::SpiderError;
+use crate::scorer::adapter::{RolloutResult, rollout_result};
+use crate::scorer::checkpoint::{self, CheckpointPlan, TrainingState};
+use crate::scorer::grpo::{Grpo, GrpoConfig, greedy};
+use crate::scorer::model::{FeatureBatch, PolicyModel, Scorer};
+use crate::scorer::runner::{
     FixedRunners, RunnerResolver, SpiderRunner, SqlTaskInput, WorkerOptions, run_worker,
 };
 use crate::task::SpiderTask;
-use crate::training_mode::TrainingMode;
+use agl_core::semconv;
+use agl_train::reward::RewardConfig;
+use agl_train::training_mode::TrainingMode;
 
 /// Everything that defines a run besides the data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,7 +79,7 @@ impl Default for TrainConfig {
 
 impl TrainConfig {
     /// Checks ranges; the error names the field.
-    pub fn validate(&self) -> Result<(), TrainError> {
+    pub fn validate(&self) -> Result<(), SpiderError> {
         self.grpo.validate()
     }
 }
@@ -169,7 +170,7 @@ pub struct Progress {
 
 /// The key under which the trainer publishes its [`RunSpec`] in the `policy` resource's
 /// `sampling_parameters`.
-pub const RUN_SPEC_KEY: &str = "agl.run";
+pub const RUN_SPEC_KEY: &str = semconv::agl::RUN;
 
 /// What a runner process needs to serve a run's rollouts, published by the trainer in every
 /// resources version it writes (`resources["policy"].sampling_parameters["agl.run"]`), so
@@ -186,7 +187,7 @@ pub struct RunSpec {
     /// Reward shaping of the `enforce` training mode.
     pub reward: RewardConfig,
     /// Candidate set composition (must match the trainer's, since inputs index candidates).
-    pub candidates: agl_spider::CandidateConfig,
+    pub candidates: crate::CandidateConfig,
     /// The trainer's `--limit` (first N train questions).
     pub limit: Option<usize>,
     /// The trainer's `--dev-limit`.
@@ -210,8 +211,8 @@ impl RunSpec {
     /// Reads the spec from a resources update; `Ok(None)` when it carries none.
     ///
     /// # Errors
-    /// [`TrainError::Config`] when the entry exists but is malformed (names the resources id).
-    pub fn from_resources(update: &ResourcesUpdate) -> Result<Option<RunSpec>, TrainError> {
+    /// [`SpiderError::Config`] when the entry exists but is malformed (names the resources id).
+    pub fn from_resources(update: &ResourcesUpdate) -> Result<Option<RunSpec>, SpiderError> {
         let Some(Resource::Llm(llm)) = update.resources.get("policy") else {
             return Ok(None);
         };
@@ -219,7 +220,7 @@ impl RunSpec {
             return Ok(None);
         };
         serde_json::from_value(value.clone()).map(Some).map_err(|e| {
-            TrainError::Config(format!(
+            SpiderError::Config(format!(
                 "resources `{}`: `policy.sampling_parameters.{RUN_SPEC_KEY}` is not a run spec: {e}",
                 update.resources_id
             ))
@@ -232,13 +233,13 @@ impl RunSpec {
 /// `recorder` when given.
 ///
 /// # Errors
-/// [`TrainError::Gov`] when a policy of the file rejects its configuration.
+/// [`SpiderError::Gov`] when a policy of the file rejects its configuration.
 pub fn build_kernel(
     task: &SpiderTask,
     policy: &PolicyFile,
     mode: GovernanceMode,
     recorder: Option<Arc<FlightRecorder>>,
-) -> Result<Kernel, TrainError> {
+) -> Result<Kernel, SpiderError> {
     let env = BuildEnv {
         table_stats: task.table_stats.clone(),
         mode: Some(mode),
@@ -257,7 +258,7 @@ pub struct Session {
     mode: TrainingMode,
     store: Arc<dyn LightningStore>,
     stop: Arc<AtomicBool>,
-    workers: Vec<tokio::task::JoinHandle<Result<u64, TrainError>>>,
+    workers: Vec<tokio::task::JoinHandle<Result<u64, SpiderError>>>,
     spec: Option<RunSpec>,
     rollout_config: Option<RolloutConfig>,
 }
@@ -268,14 +269,14 @@ impl Session {
     /// val rollouts under `eval_kernel`, which must enforce.
     ///
     /// # Errors
-    /// [`TrainError::Config`] when a kernel's mode does not fit.
+    /// [`SpiderError::Config`] when a kernel's mode does not fit.
     pub fn start(
         task: Arc<SpiderTask>,
         config: &TrainConfig,
         mode: TrainingMode,
         train_kernel: Arc<Kernel>,
         eval_kernel: Arc<Kernel>,
-    ) -> Result<Self, TrainError> {
+    ) -> Result<Self, SpiderError> {
         let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
         Self::start_on(store, task, config, mode, train_kernel, eval_kernel)
     }
@@ -287,7 +288,7 @@ impl Session {
     /// [`Session::start`].
     ///
     /// # Errors
-    /// [`TrainError::Config`] when a kernel's mode does not fit.
+    /// [`SpiderError::Config`] when a kernel's mode does not fit.
     pub fn start_on(
         store: Arc<dyn LightningStore>,
         task: Arc<SpiderTask>,
@@ -295,7 +296,7 @@ impl Session {
         mode: TrainingMode,
         train_kernel: Arc<Kernel>,
         eval_kernel: Arc<Kernel>,
-    ) -> Result<Self, TrainError> {
+    ) -> Result<Self, SpiderError> {
         let resolver: Arc<dyn RunnerResolver> = Arc::new(FixedRunners {
             train: Arc::new(SpiderRunner::new(
                 train_kernel,
@@ -374,7 +375,7 @@ impl Session {
     }
 
     /// Evaluation rollouts' resources: with a spec, an `agl-eval` version that carries it.
-    async fn eval_resources(&self) -> Result<Option<String>, TrainError> {
+    async fn eval_resources(&self) -> Result<Option<String>, SpiderError> {
         let Some(spec) = &self.spec else {
             return Ok(None);
         };
@@ -396,11 +397,11 @@ impl Session {
     }
 
     /// Stops the workers and waits for them; returns the rollouts each ran.
-    pub async fn shutdown(mut self) -> Result<Vec<u64>, TrainError> {
+    pub async fn shutdown(mut self) -> Result<Vec<u64>, SpiderError> {
         self.stop.store(true, Ordering::Release);
         let mut counts = Vec::new();
         for w in self.workers.drain(..) {
-            counts.push(w.await.map_err(|e| TrainError::Worker(e.to_string()))??);
+            counts.push(w.await.map_err(|e| SpiderError::Worker(e.to_string()))??);
         }
         Ok(counts)
     }
@@ -412,7 +413,7 @@ impl Session {
         inputs: &[SqlTaskInput],
         mode: RolloutMode,
         resources_id: Option<&str>,
-    ) -> Result<Vec<RolloutResult>, TrainError> {
+    ) -> Result<Vec<RolloutResult>, SpiderError> {
         let requests = inputs
             .iter()
             .map(|inp| {
@@ -433,7 +434,7 @@ impl Session {
             .collect();
         let mut results = Vec::with_capacity(ids.len());
         for id in &ids {
-            let rollout = by_id.get(id.as_str()).ok_or_else(|| TrainError::Rollout {
+            let rollout = by_id.get(id.as_str()).ok_or_else(|| SpiderError::Rollout {
                 rollout_id: id.clone(),
                 message: "did not finish".into(),
             })?;
@@ -445,7 +446,7 @@ impl Session {
                     .and_then(|a| a.metadata)
                     .map(|m| serde_json::Value::Object(m).to_string())
                     .unwrap_or_default();
-                return Err(TrainError::Rollout {
+                return Err(SpiderError::Rollout {
                     rollout_id: id.clone(),
                     message: format!("finished as {:?} {why}", rollout.status),
                 });
@@ -461,7 +462,7 @@ impl Session {
         &self,
         model: &dyn PolicyModel,
         split: Split,
-    ) -> Result<EvalStats, TrainError> {
+    ) -> Result<EvalStats, SpiderError> {
         let items = self.task.items(split);
         let mut inputs = Vec::with_capacity(items.len());
         let mut unsafe_probability = 0.0;
@@ -494,7 +495,7 @@ impl Session {
 
 /// Sum over `items` of the probability `log_probs` (`[B, C]`, one row per item) puts on each
 /// item's unsafe candidates.
-fn unsafe_mass(log_probs: &Tensor, items: &[crate::task::TaskItem]) -> Result<f64, TrainError> {
+fn unsafe_mass(log_probs: &Tensor, items: &[crate::task::TaskItem]) -> Result<f64, SpiderError> {
     let probs: Vec<Vec<f32>> = log_probs.exp()?.to_vec2()?;
     Ok(probs
         .iter()
@@ -510,7 +511,7 @@ fn unsafe_mass(log_probs: &Tensor, items: &[crate::task::TaskItem]) -> Result<f6
 }
 
 /// The initial policy of a run with `seed`.
-pub fn initial_policy(seed: u64) -> Result<Box<dyn PolicyModel>, TrainError> {
+pub fn initial_policy(seed: u64) -> Result<Box<dyn PolicyModel>, SpiderError> {
     Ok(Box::new(Scorer::new(seed)?))
 }
 
@@ -522,7 +523,7 @@ pub async fn train(
     config: &TrainConfig,
     policy: Box<dyn PolicyModel>,
     on_progress: &mut (dyn FnMut(&Progress) + Send),
-) -> Result<RunReport, TrainError> {
+) -> Result<RunReport, SpiderError> {
     train_with(session, config, policy, RunOptions::default(), on_progress).await
 }
 
@@ -551,7 +552,7 @@ pub struct RunOptions {
 /// evaluates it on dev. `on_progress` is called after every update.
 ///
 /// # Errors
-/// Besides the run's own errors, [`TrainError::Checkpoint`] / [`TrainError::Io`] when a
+/// Besides the run's own errors, [`SpiderError::Checkpoint`] / [`SpiderError::File`] when a
 /// checkpoint cannot be written (the run stops there).
 pub async fn train_with(
     session: &Session,
@@ -559,7 +560,7 @@ pub async fn train_with(
     policy: Box<dyn PolicyModel>,
     options: RunOptions,
     on_progress: &mut (dyn FnMut(&Progress) + Send),
-) -> Result<RunReport, TrainError> {
+) -> Result<RunReport, SpiderError> {
     config.validate()?;
     let task = session.task.clone();
     let mode = session.mode;
@@ -567,7 +568,7 @@ pub async fn train_with(
         && plan.dir.exists()
         && !plan.dir.is_dir()
     {
-        return Err(TrainError::Checkpoint {
+        return Err(SpiderError::Checkpoint {
             path: plan.dir.clone(),
             message: "not a directory (--checkpoint-dir must name a directory)".into(),
         });
@@ -777,7 +778,7 @@ mod tests {
             governance: TrainingMode::Audit,
             policy: "strict".into(),
             reward: RewardConfig::default(),
-            candidates: agl_spider::CandidateConfig::default(),
+            candidates: crate::CandidateConfig::default(),
             limit: Some(48),
             dev_limit: None,
             sql_timeout_seconds: 2.0,
