@@ -2,7 +2,7 @@
 # Page-load times of the dashboard over a store: serves DB with `agl store --db DB --port 0`,
 # times each page with curl (one warm-up, then RUNS runs; median, min and max of time_total,
 # seconds) while the dashboard's tally catches up, then again once it has read every finished
-# rollout. Used for the README's table at 100,000 rollouts / 1,000,000 spans:
+# rollout. Used for the table in docs/benchmarks.md at 100,000 rollouts / 1,000,000 spans:
 #
 #   cargo run --release -p agl-store --example fill_store -- /tmp/big.db   # about 20 s, 1.7 GB
 #   scripts/bench/dashboard-timings.sh /tmp/big.db
