@@ -1,4 +1,4 @@
-# Shared by scripts/interop.sh, scripts/llm.sh and scripts/agent.sh (sourced, not run): command echo, a server
+# Shared by scripts/ci/interop.sh, scripts/ci/llm.sh and scripts/ci/agent.sh (sourced, not run): command echo, a server
 # process stopped on exit, and a cached virtual environment keyed by its pinned requirements.
 #
 # The sourcing script sets SCRIPT (its name for messages) before sourcing, and SERVER_PID when it

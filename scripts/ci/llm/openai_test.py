@@ -20,7 +20,7 @@ from pathlib import Path
 
 import openai
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fail(message: str) -> None:

@@ -1,8 +1,8 @@
 """Interoperability test: Agent Lightning 0.3.0's own Python client and runner against a store server.
 
-Run by scripts/interop.sh, which starts the server. By hand:
+Run by scripts/ci/interop.sh, which starts the server. By hand:
 
-    python scripts/interop/interop_test.py --url http://127.0.0.1:4747 --server agl
+    python scripts/ci/interop/interop_test.py --url http://127.0.0.1:4747 --server agl
 
 `--server agl` (the default) expects agl's behaviour where it deliberately deviates from Agent
 Lightning v0.3.0 (§12 of the wire-protocol reference: Q1, Q2, Q6, Q7, Q8, Q15, Q16 and the

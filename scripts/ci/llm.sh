@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # OpenAI-compatibility test: the official `openai` Python client against `agl llm serve`.
 #
-# Usage: scripts/llm.sh [MODEL]
+# Usage: scripts/ci/llm.sh [MODEL]
 #   MODEL  the model to pull and serve (default smollm2-135m-instruct)
 #
 # Environment:
@@ -12,18 +12,18 @@
 #   CARGO_TARGET_DIR     honoured when locating the built `agl` binary (default target)
 #   AGL_BIN              an `agl` binary to use instead of building one
 #
-# Steps: the cached venv with scripts/llm/requirements-openai.txt; `cargo build -p agl-cli`;
+# Steps: the cached venv with scripts/ci/llm/requirements-openai.txt; `cargo build -p agl-cli`;
 # `agl model pull MODEL` (a no-op when cached); `agl llm serve --port 0` in the background (its
-# first stdout line gives the address); scripts/llm/openai_test.py; the server is always
+# first stdout line gives the address); scripts/ci/llm/openai_test.py; the server is always
 # stopped (SIGTERM, then SIGKILL after 10 s).
 #
 # Exit status: 0 when the test passed, 1 otherwise. Needs network access to PyPI only when the
 # venv has to be (re)built or the model has not been pulled yet.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REQS="$ROOT/scripts/llm/requirements-openai.txt"
-TEST="$ROOT/scripts/llm/openai_test.py"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REQS="$ROOT/scripts/ci/llm/requirements-openai.txt"
+TEST="$ROOT/scripts/ci/llm/openai_test.py"
 VENV="${AGL_LLM_OPENAI_VENV:-/var/tmp/agl-llm-openai-venv}"
 PYTHON="${PYTHON:-python3}"
 MARKER="$VENV/.agl-llm-openai-requirements"

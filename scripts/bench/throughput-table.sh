@@ -2,19 +2,19 @@
 # The README's throughput table: `agl bench server` over every backend and Agent Lightning
 # v0.3.0's own server, side by side in ONE invocation (same machine, same load), as Markdown.
 #
-# Usage: scripts/throughput-table.sh [extra `agl bench server` arguments]
+# Usage: scripts/bench/throughput-table.sh [extra `agl bench server` arguments]
 #   Without arguments: --rollouts 5000 --agentlightning-rollouts 500 (the README's run, a few
 #   minutes on 2 cores); any arguments replace these two, e.g. --rollouts 2000 --json.
 #
 # Rows, each at 8 and 64 clients, each over a fresh store: memory, sqlite, postgres (one
-# in-process server over a throwaway PostgreSQL cluster from scripts/postgres.sh), postgres ×2
+# in-process server over a throwaway PostgreSQL cluster from scripts/ci/postgres.sh), postgres ×2
 # (two in-process servers on one partition, the clients split between them), and
 # agentlightning (v0.3.0's `python -m agentlightning.cli.store`, its in-memory store, from the
-# virtual environment of scripts/interop.sh; fewer cycles, see --agentlightning-rollouts).
+# virtual environment of scripts/ci/interop.sh; fewer cycles, see --agentlightning-rollouts).
 #
 # Environment:
 #   AGL_INTEROP_VENV  the venv with agentlightning 0.3.0 (default /var/tmp/agl-interop-venv;
-#                     created or reused exactly as scripts/interop.sh does)
+#                     created or reused exactly as scripts/ci/interop.sh does)
 #   PYTHON            interpreter that creates the venv (default python3)
 #   CARGO_TARGET_DIR  honoured when building and locating `agl`
 #
@@ -22,8 +22,8 @@
 # minutes; never run in CI.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REQS="$ROOT/scripts/interop/requirements.txt"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REQS="$ROOT/scripts/ci/interop/requirements.txt"
 VENV="${AGL_INTEROP_VENV:-/var/tmp/agl-interop-venv}"
 PYTHON="${PYTHON:-python3}"
 MARKER="$VENV/.agl-interop-requirements"
@@ -50,7 +50,7 @@ AGL="${CARGO_TARGET_DIR:-$ROOT/target}/release/agl"
 [ -x "$AGL" ] || { echo "throughput-table.sh: no agl binary at $AGL" >&2; exit 1; }
 
 # shellcheck disable=SC2016 # expanded by the inner shell, once postgres.sh has set the URL
-run "$ROOT/scripts/postgres.sh" -- bash -c '
+run "$ROOT/scripts/ci/postgres.sh" -- bash -c '
     agl="$1" python="$2"
     shift 2
     set -x

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Interoperability test: Agent Lightning 0.3.0's own Python client and runner against `agl store`.
 #
-# Usage: scripts/interop.sh [TARGET...]
+# Usage: scripts/ci/interop.sh [TARGET...]
 #   TARGET  memory     `agl store` with the in-memory backend                      (default)
 #           sqlite     `agl store --db DIR/store.sqlite`, then a restart on the same
 #                      database to check that everything survived                    (default)
@@ -19,9 +19,9 @@
 # the venv has to be (re)built.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REQS="$ROOT/scripts/interop/requirements.txt"
-TEST="$ROOT/scripts/interop/interop_test.py"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REQS="$ROOT/scripts/ci/interop/requirements.txt"
+TEST="$ROOT/scripts/ci/interop/interop_test.py"
 VENV="${AGL_INTEROP_VENV:-/var/tmp/agl-interop-venv}"
 PYTHON="${PYTHON:-python3}"
 MARKER="$VENV/.agl-interop-requirements"

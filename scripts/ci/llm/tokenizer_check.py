@@ -31,8 +31,8 @@ which is exactly what `AutoTokenizer` does after reading. Pass `--autotokenizer`
 Venv (pinned versions in requirements.txt beside this file):
 
     python3 -m venv /var/tmp/agl-llm-venv
-    /var/tmp/agl-llm-venv/bin/pip install -r scripts/llm/requirements.txt
-    /var/tmp/agl-llm-venv/bin/python scripts/llm/tokenizer_check.py \\
+    /var/tmp/agl-llm-venv/bin/pip install -r scripts/ci/llm/requirements.txt
+    /var/tmp/agl-llm-venv/bin/python scripts/ci/llm/tokenizer_check.py \\
         --gguf ~/.cache/agl/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out crates/agl-llm/tests/fixtures/smollm2_spider_dev_tokens.jsonl
 """
@@ -45,7 +45,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # The fixed system prompt of (b). `{db_id}` and `{tables}` are filled per question from
 # data/spider/tables.json; the Rust test reads the filled text from the fixture.
@@ -198,7 +198,7 @@ def main() -> int:
 
     header = {
         "header": True,
-        "generator": "scripts/llm/tokenizer_check.py",
+        "generator": "scripts/ci/llm/tokenizer_check.py",
         "transformers": transformers.__version__,
         "gguf": os.path.basename(args.gguf),
         "questions": len(questions),

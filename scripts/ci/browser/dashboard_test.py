@@ -1,4 +1,4 @@
-"""Browser test of agl's dashboard (run by scripts/browser.sh).
+"""Browser test of agl's dashboard (run by scripts/ci/browser.sh).
 
 Headless Chromium (Debian's /usr/bin/chromium, driven by Playwright) opens each page of a running
 `agl store` whose store was filled by a short `agl train` run, and checks:

@@ -4,7 +4,7 @@
 # checks its content, that the console shows no error, that no script threw, and that no request
 # of the page failed or answered 4xx/5xx, and saves a full-page screenshot of each page.
 #
-# Usage: scripts/browser.sh [--screenshots DIR] [--pages LIST]
+# Usage: scripts/ci/browser.sh [--screenshots DIR] [--pages LIST]
 #   --screenshots DIR  save the screenshots in DIR (e.g. to refresh the README's images);
 #                      by default they are kept in /var/tmp/agl-browser-shots
 #   --pages LIST       run only these entries, comma-separated (default: all):
@@ -19,10 +19,10 @@
 #   AGL_BIN           an `agl` binary to use instead of building one
 #
 # Steps: Debian's chromium and chromium-driver (apt-get, only when missing; needs root or
-# password-less sudo); the cached venv with scripts/browser/requirements.txt; `cargo build -p
+# password-less sudo); the cached venv with scripts/ci/browser/requirements.txt; `cargo build -p
 # agl-cli`; `agl train --limit 120 --epochs 2` into a SQLite store and a flight-recorder
 # database; `agl store --db STORE --audit-db AUDIT --port 0` in the background;
-# scripts/browser/dashboard_test.py (which also runs a second `agl train --store-url` into the
+# scripts/ci/browser/dashboard_test.py (which also runs a second `agl train --store-url` into the
 # served store for the live-update check); the server is always stopped (SIGTERM, then SIGKILL
 # after 10 s).
 #
@@ -31,9 +31,9 @@
 # (re)built; the browser itself runs with its background networking off.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REQS="$ROOT/scripts/browser/requirements.txt"
-TEST="$ROOT/scripts/browser/dashboard_test.py"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REQS="$ROOT/scripts/ci/browser/requirements.txt"
+TEST="$ROOT/scripts/ci/browser/dashboard_test.py"
 VENV="${AGL_BROWSER_VENV:-/var/tmp/agl-browser-venv}"
 PYTHON="${PYTHON:-python3}"
 MARKER="$VENV/.agl-browser-requirements"

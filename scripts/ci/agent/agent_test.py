@@ -2,9 +2,9 @@
 with its model calls going through `agl store --llm` (the store and the governed LLM gateway on
 one port).
 
-Run by scripts/agent.sh, which starts the server. By hand:
+Run by scripts/ci/agent.sh, which starts the server. By hand:
 
-    python scripts/agent/agent_test.py --url http://127.0.0.1:4747 --agl target/debug/agl
+    python scripts/ci/agent/agent_test.py --url http://127.0.0.1:4747 --agl target/debug/agl
 
 What it does:
 

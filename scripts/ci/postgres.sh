@@ -3,10 +3,10 @@
 # store's PostgreSQL backend, started on a free port of 127.0.0.1, handed to a command as
 # AGL_TEST_POSTGRES_URL, and always stopped and removed afterwards.
 #
-# Usage: scripts/postgres.sh                   run the default test command (DEFAULT_CMD below)
-#        scripts/postgres.sh -- CMD [ARG...]   run any command with AGL_TEST_POSTGRES_URL set, e.g.
-#            scripts/postgres.sh -- bash -c 'psql "$AGL_TEST_POSTGRES_URL" -c "select version()"'
-#        scripts/postgres.sh --shell           start the cluster, print its URL on stdout and wait
+# Usage: scripts/ci/postgres.sh                   run the default test command (DEFAULT_CMD below)
+#        scripts/ci/postgres.sh -- CMD [ARG...]   run any command with AGL_TEST_POSTGRES_URL set, e.g.
+#            scripts/ci/postgres.sh -- bash -c 'psql "$AGL_TEST_POSTGRES_URL" -c "select version()"'
+#        scripts/ci/postgres.sh --shell           start the cluster, print its URL on stdout and wait
 #                                              (for manual use) until Ctrl-C
 #
 # AGL_TEST_POSTGRES_URL is postgres://agl@127.0.0.1:PORT/agl_test: the superuser `agl`, no
@@ -37,7 +37,7 @@ DEFAULT_CMD=(bash -c 'cargo test --locked -p agl-store --features postgres-tests
     && cargo test --locked -p agl-cli --features postgres-tests --test postgres_servers \
     && cargo test --locked -p agl-cli --features postgres-tests --test bench_server postgres_')
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PG_LIB=/usr/lib/postgresql
 DB=agl_test
 DB_USER=agl
@@ -195,7 +195,7 @@ fi
 # socket and loopback connections; the server listens on 127.0.0.1 alone.
 as_pg tee -a "$DATA/postgresql.conf" >/dev/null <<EOF
 
-# scripts/postgres.sh: a throwaway test cluster
+# scripts/ci/postgres.sh: a throwaway test cluster
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$CLUSTER'
 max_connections = 200

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `agl bench llm` side by side with llama.cpp (llama-cpp-python) on the same GGUF and threads.
 #
-# Usage: scripts/bench-llm.sh [extra `agl bench llm` arguments, e.g. --json]
+# Usage: scripts/bench/bench-llm.sh [extra `agl bench llm` arguments, e.g. --json]
 #
 # Environment:
 #   AGL_BENCH_VENV    virtual environment with llama-cpp-python (default /var/tmp/agl-bench-venv;
@@ -9,7 +9,7 @@
 #                     compiles llama.cpp from source: 15-40 minutes on 2 cores. Never run in CI.
 #   CARGO_TARGET_DIR  honoured when building and locating `agl`
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${AGL_BENCH_VENV:-/var/tmp/agl-bench-venv}"
 PIN="llama-cpp-python==0.3.36"
 MARKER="$VENV/.agl-bench-requirements"

@@ -4,7 +4,7 @@
 # `agl store --llm` (the store and the governed LLM gateway on one port), then agl's span →
 # triplet adapter (`agl triplets --for-training`) on what the gateway recorded.
 #
-# Usage: scripts/agent.sh [MODEL]
+# Usage: scripts/ci/agent.sh [MODEL]
 #   MODEL  the model to pull and serve (default smollm2-135m-instruct)
 #
 # Environment:
@@ -15,19 +15,19 @@
 #   AGL_BIN           an `agl` binary to use instead of building one
 #   AGL_AGENT_STORE_ARGS  extra arguments for `agl store` (e.g. "--llm-policy strict")
 #
-# Steps: the cached venv with scripts/agent/requirements.txt; `cargo build -p agl-cli`;
+# Steps: the cached venv with scripts/ci/agent/requirements.txt; `cargo build -p agl-cli`;
 # `agl model pull MODEL` (a no-op when cached); `agl store --llm MODEL --port 0` in the
 # background (its stdout line 'agl store listening on URL (…)' gives the address once the model
-# is loaded); scripts/agent/agent_test.py; the server is always stopped (SIGTERM, then SIGKILL
+# is loaded); scripts/ci/agent/agent_test.py; the server is always stopped (SIGTERM, then SIGKILL
 # after 10 s).
 #
 # Exit status: 0 when the test passed, 1 otherwise. Needs network access to PyPI only when the
 # venv has to be (re)built or the model has not been pulled yet.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REQS="$ROOT/scripts/agent/requirements.txt"
-TEST="$ROOT/scripts/agent/agent_test.py"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REQS="$ROOT/scripts/ci/agent/requirements.txt"
+TEST="$ROOT/scripts/ci/agent/agent_test.py"
 VENV="${AGL_AGENT_VENV:-/var/tmp/agl-agent-venv}"
 PYTHON="${PYTHON:-python3}"
 MARKER="$VENV/.agl-agent-requirements"

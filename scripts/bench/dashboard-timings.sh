@@ -2,16 +2,16 @@
 # Page-load times of the dashboard over a store: serves DB with `agl store --db DB --port 0`,
 # times each page with curl (one warm-up, then RUNS runs; median, min and max of time_total,
 # seconds) while the dashboard's tally catches up, then again once it has read every finished
-# rollout. Used for the README's table at 100,000 rollouts / 1,000,000 spans:
+# rollout. Used for the table in docs/benchmarks.md at 100,000 rollouts / 1,000,000 spans:
 #
 #   cargo run --release -p agl-store --example fill_store -- /tmp/big.db   # about 20 s, 1.7 GB
-#   scripts/dashboard-timings.sh /tmp/big.db
+#   scripts/bench/dashboard-timings.sh /tmp/big.db
 #
-# Usage: scripts/dashboard-timings.sh DB [RUNS]   (RUNS default 9)
+# Usage: scripts/bench/dashboard-timings.sh DB [RUNS]   (RUNS default 9)
 # Environment: AGL (the binary; default $CARGO_TARGET_DIR/release/agl, else target/release/agl).
 # The database is opened as `agl store --db` opens it (an older schema is migrated).
 set -euo pipefail
-db=${1:?usage: scripts/dashboard-timings.sh DB [RUNS]}
+db=${1:?usage: scripts/bench/dashboard-timings.sh DB [RUNS]}
 runs=${2:-9}
 AGL=${AGL:-${CARGO_TARGET_DIR:-target}/release/agl}
 [ -x "$AGL" ] || { echo "dashboard-timings.sh: no agl binary at $AGL (cargo build --release)" >&2; exit 1; }
