@@ -48,7 +48,7 @@ pub enum BenchCommand {
     Server(crate::server_bench::ServerBenchArgs),
     /// LLM engine throughput on Spider prompts: prefill, decode at batch 1, a group of 8 and
     /// 32 concurrent requests, time to first token, peak RSS; side by side with llama.cpp on
-    /// the same GGUF when `--llama-cpp-python` is given (scripts/bench-llm.sh does that).
+    /// the same GGUF when `--llama-cpp-python` is given (scripts/bench/bench-llm.sh does that).
     Llm(crate::llm_bench::LlmBenchArgs),
     /// LLM gateway overhead: p50/p99 of a model call through the governed gateway against the
     /// same call to the engine's API directly, with 1 and 64 concurrent agents.

@@ -41,7 +41,7 @@ pub struct LlmBenchArgs {
     /// Spider data directory [default: the vendored data/spider].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
-    /// Python interpreter with llama-cpp-python installed (scripts/bench-llm.sh makes one);
+    /// Python interpreter with llama-cpp-python installed (scripts/bench/bench-llm.sh makes one);
     /// without it llama.cpp's column is left out.
     #[arg(long, value_name = "PYTHON")]
     llama_cpp_python: Option<PathBuf>,
@@ -67,7 +67,7 @@ struct Ours {
     peak_rss_mib: f64,
 }
 
-/// llama.cpp's side (from scripts/llm/bench_llama_cpp.py).
+/// llama.cpp's side (from scripts/bench/bench_llama_cpp.py).
 #[derive(Debug, Serialize, serde::Deserialize)]
 struct LlamaCpp {
     engine: String,
@@ -250,7 +250,7 @@ fn measure(
     })
 }
 
-/// llama.cpp's side, through scripts/llm/bench_llama_cpp.py.
+/// llama.cpp's side, through scripts/bench/bench_llama_cpp.py.
 fn llama_cpp(
     py: &std::path::Path,
     gguf: &std::path::Path,
@@ -262,7 +262,7 @@ fn llama_cpp(
         .map(|n| n.get())
         .unwrap_or(1);
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../scripts/llm/bench_llama_cpp.py");
+        .join("../../scripts/bench/bench_llama_cpp.py");
     anyhow::ensure!(
         script.is_file(),
         "{} is missing (run from a source checkout)",

@@ -7,8 +7,8 @@
 //! clients through the rollout cycle, timing every request on the client side, checking every
 //! answer, and printing a table, Markdown or JSON. Not responsible for store semantics or the
 //! server itself (`agl_server`, `agl_store`), nor for the in-process store benchmark (`agl
-//! bench store`), nor for PostgreSQL itself (`scripts/postgres.sh` or the caller provides it;
-//! `scripts/throughput-table.sh` runs the whole table).
+//! bench store`), nor for PostgreSQL itself (`scripts/ci/postgres.sh` or the caller provides it;
+//! `scripts/bench/throughput-table.sh` runs the whole table).
 //!
 //! **The cycle** (one rollout, `--spans 10`), every request on one shared keep-alive
 //! `reqwest::Client`:
@@ -203,7 +203,7 @@ pub struct ServerBenchArgs {
     backend: Vec<BackendChoice>,
     /// PostgreSQL database of the postgres rows (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`,
     /// without `partition`): each row makes a fresh partition `bench_PID_N` in it and leaves
-    /// it there, so use a throwaway database (`scripts/postgres.sh`).
+    /// it there, so use a throwaway database (`scripts/ci/postgres.sh`).
     #[arg(
         long,
         value_name = "URL",
@@ -212,7 +212,7 @@ pub struct ServerBenchArgs {
     )]
     postgres_url: Option<String>,
     /// Python interpreter with agentlightning installed (e.g. the venv of
-    /// `scripts/interop.sh`, /var/tmp/agl-interop-venv/bin/python), for the agentlightning
+    /// `scripts/ci/interop.sh`, /var/tmp/agl-interop-venv/bin/python), for the agentlightning
     /// rows.
     #[arg(long, value_name = "PATH", env = "AGL_BENCH_AGENTLIGHTNING_PYTHON")]
     agentlightning_python: Option<PathBuf>,
@@ -309,7 +309,7 @@ impl ServerBenchArgs {
                 bail!(
                     "--backend postgres and postgres-2 need --postgres-url URL (or \
                      AGL_BENCH_POSTGRES_URL): a PostgreSQL database such as the one \
-                     `scripts/postgres.sh --shell` prints"
+                     `scripts/ci/postgres.sh --shell` prints"
                 );
             };
             let shown = redacted(url);
@@ -331,7 +331,7 @@ impl ServerBenchArgs {
                 self.agentlightning_python.is_some(),
                 "--backend agentlightning needs --agentlightning-python PATH (or \
                  AGL_BENCH_AGENTLIGHTNING_PYTHON): a Python with agentlightning installed, such \
-                 as /var/tmp/agl-interop-venv/bin/python from scripts/interop.sh"
+                 as /var/tmp/agl-interop-venv/bin/python from scripts/ci/interop.sh"
             );
             anyhow::ensure!(
                 self.agentlightning_rollouts > 0,
@@ -1206,7 +1206,7 @@ impl PythonServer {
             .args(["-m", "agentlightning.cli.store", "--host", "127.0.0.1"])
             .arg("--port")
             .arg(port.to_string())
-            // As scripts/interop.sh: litellm (imported by agentlightning) must not fetch its
+            // As scripts/ci/interop.sh: litellm (imported by agentlightning) must not fetch its
             // cost map over the network.
             .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
             .env("PYTHONUNBUFFERED", "1")

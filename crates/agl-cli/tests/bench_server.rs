@@ -1,7 +1,7 @@
 //! `agl bench server` end to end: the JSON report has one row per backend and client count,
 //! every cycle completed, and every endpoint of the cycle was called as often as the cycle
 //! says; `--rest-batch` and `--url` change what is sent and where; bad input is one line. The
-//! PostgreSQL rows run under `scripts/postgres.sh` (feature `postgres-tests`).
+//! PostgreSQL rows run under `scripts/ci/postgres.sh` (feature `postgres-tests`).
 //! No timing assertions.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -206,13 +206,13 @@ fn unreachable_url_and_zero_clients_are_one_line_errors() {
     }
 }
 
-/// PostgreSQL behind one and two servers, against the cluster of `scripts/postgres.sh`
+/// PostgreSQL behind one and two servers, against the cluster of `scripts/ci/postgres.sh`
 /// (which runs it with `--features postgres-tests`; it fails without AGL_TEST_POSTGRES_URL).
 #[cfg(feature = "postgres-tests")]
 #[test]
 fn postgres_rows_with_one_and_two_servers_complete_every_cycle() {
     let url = std::env::var("AGL_TEST_POSTGRES_URL")
-        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/postgres.sh");
+        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/ci/postgres.sh");
     let o = bench(&[
         "--backend",
         "postgres,postgres-2",

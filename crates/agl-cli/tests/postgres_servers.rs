@@ -1,4 +1,4 @@
-//! Two `agl store` servers on one PostgreSQL database (`scripts/postgres.sh` runs these with
+//! Two `agl store` servers on one PostgreSQL database (`scripts/ci/postgres.sh` runs these with
 //! `AGL_TEST_POSTGRES_URL` set and `--features postgres-tests`; without the variable they
 //! fail, so a run that asked for PostgreSQL never silently tests nothing).
 //!
@@ -37,7 +37,7 @@ use common::{Reaper, start_store};
 
 fn base_url() -> String {
     std::env::var("AGL_TEST_POSTGRES_URL")
-        .expect("AGL_TEST_POSTGRES_URL is not set: run these tests through scripts/postgres.sh")
+        .expect("AGL_TEST_POSTGRES_URL is not set: run these tests through scripts/ci/postgres.sh")
 }
 
 /// A store URL of a partition no other test (or earlier run) uses.

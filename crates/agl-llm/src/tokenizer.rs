@@ -36,7 +36,7 @@
 //!
 //! ## What the cross-check found (SmolLM2-135M-Instruct, `pre = "smollm"`)
 //!
-//! `scripts/llm/tokenizer_check.py` renders and tokenizes all 1034 Spider dev questions with
+//! `scripts/ci/llm/tokenizer_check.py` renders and tokenizes all 1034 Spider dev questions with
 //! Hugging Face transformers (5.23) and `crates/agl-llm/tests/tokenizer.rs` requires identical
 //! ids and prompts: all 1034 agree. transformers' GGUF conversion has no entry for `smollm` and
 //! splits with GPT-2's regex only, *without* isolating digits. SmolLM2's merges contain no digit,

@@ -1,7 +1,7 @@
 //! Cross-check of agl's tokenizer and chat template against Hugging Face transformers on the real
 //! SmolLM2-135M-Instruct GGUF: every Spider dev question's bare ids, and its chat prompt (with our
 //! SQL system prompt, and with the template's default system line) as rendered text and as ids,
-//! must equal what `scripts/llm/tokenizer_check.py` recorded in
+//! must equal what `scripts/ci/llm/tokenizer_check.py` recorded in
 //! `tests/fixtures/smollm2_spider_dev_tokens.jsonl`. Probe lines (digits after spaces, emoji,
 //! CJK, special tokens) must equal the ids of SmolLM2's `tokenizer.json` semantics (`ref_ids`);
 //! see the `tokenizer` module docs for where transformers' GGUF conversion differs.

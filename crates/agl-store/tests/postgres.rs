@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! The PostgreSQL backend against a real server: `scripts/postgres.sh` starts a throwaway
+//! The PostgreSQL backend against a real server: `scripts/ci/postgres.sh` starts a throwaway
 //! cluster and runs these tests with `AGL_TEST_POSTGRES_URL` set (they fail without it: the
 //! `postgres-tests` feature was asked for, so skipping would hide that nothing ran).
 
@@ -12,7 +12,7 @@ use tokio_postgres::{Client, NoTls};
 
 fn url() -> String {
     std::env::var("AGL_TEST_POSTGRES_URL")
-        .expect("AGL_TEST_POSTGRES_URL is not set: run these tests through scripts/postgres.sh")
+        .expect("AGL_TEST_POSTGRES_URL is not set: run these tests through scripts/ci/postgres.sh")
 }
 
 /// A fresh store in its own partition, as the conformance suite wants it (debounce 0, no

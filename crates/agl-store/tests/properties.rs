@@ -1140,13 +1140,13 @@ proptest! {
 }
 
 /// Fresh PostgreSQL stores, one partition each, on the server of `AGL_TEST_POSTGRES_URL`
-/// (`scripts/postgres.sh` runs these tests with `--features postgres-tests`; without the variable
+/// (`scripts/ci/postgres.sh` runs these tests with `--features postgres-tests`; without the variable
 /// they fail, so a run that asked for PostgreSQL never silently tests nothing).
 #[cfg(feature = "postgres-tests")]
 async fn postgres() -> agl_store::postgres::PostgresLightningStore {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let base = std::env::var("AGL_TEST_POSTGRES_URL")
-        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/postgres.sh");
+        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/ci/postgres.sh");
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")

@@ -341,12 +341,12 @@ async fn pages_equal_the_query_definition() {
     check_pages(&store).await;
 }
 
-/// The same on PostgreSQL, whose `query_rollouts` is SQL too (`scripts/postgres.sh` runs it).
+/// The same on PostgreSQL, whose `query_rollouts` is SQL too (`scripts/ci/postgres.sh` runs it).
 #[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pages_equal_the_query_definition() {
     let base = std::env::var("AGL_TEST_POSTGRES_URL")
-        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/postgres.sh");
+        .expect("AGL_TEST_POSTGRES_URL is not set: run through scripts/ci/postgres.sh");
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
