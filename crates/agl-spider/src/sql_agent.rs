@@ -34,7 +34,7 @@
 //! time-out, no SQL, wrong result), or, with [`SqlTaskReward::Partial`], half the
 //! schema-linking similarity of a query that ran but answered wrong
 //! ([`SqlAgentOutput::schema_linking`]); then shaped by [`PolicyReward`]. Violations of the model's own output, which the LLM
-//! gateway checks, reach the same reward through the runner (see [`crate::runner`]).
+//! gateway checks, reach the same reward through the runner (see [`agl_train::runner`]).
 //!
 //! The model is called through the OpenAI-compatible API with the `async-openai` client, at the
 //! base URL of the rollout's `llm`/`proxy_llm` resource ([`StepContext::llm_base_url`]), with

@@ -267,7 +267,7 @@ fn read_call(t: &Triplet, rollout_id: &str) -> Result<Call, TrainError> {
 /// `group` the task key, `rollout_reward` the rollout's final reward.
 ///
 /// # Errors
-/// [`TrainError::MalformedRollout`] when a triplet lacks token ids or log-probabilities (use
+/// [`TrainError::Rollout`] when a triplet lacks token ids or log-probabilities (use
 /// the adapter's `adapt_for_training`, which refuses such calls first).
 pub fn samples_from_triplets(
     rollout_id: &str,

@@ -18,7 +18,7 @@
 //!
 //! Not responsible for reading spans from a store, for the experimental
 //! `LlmProxyTraceToTriplet`, or for the governed SQL task's own single-triplet adapter
-//! ([`crate::adapter`]). Governance annotations (`agent_os.violation.*`) are not reward spans and
+//! (`agl_spider::scorer::adapter`). Governance annotations (`agent_os.violation.*`) are not reward spans and
 //! play no part here.
 //!
 //! # Where agl differs from the Python original

@@ -4,7 +4,7 @@
 //!
 //! Responsible for the runner side of `agl train` (dequeue → check → execute → reward → spans →
 //! attempt status); not for choosing actions or learning (see `trainer`, `grpo`). The general,
-//! seed-compatible runner for any agent is [`crate::GovernedRunner`].
+//! seed-compatible runner for any agent is [`agl_train::GovernedRunner`].
 //!
 //! Differences from the Python `GovernedRunner` (agentmesh-lightning), on purpose:
 //! - the kernel's verdict decides: a blocked action never executes and earns base reward 0; no
