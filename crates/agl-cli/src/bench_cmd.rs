@@ -249,7 +249,7 @@ fn replay_rows(name: &str, actions: &[Action], first: &[bool], k: &Kernel) -> Ve
 }
 
 fn governance(args: GovernanceArgs) -> anyhow::Result<ExitCode> {
-    let data = crate::train_cmd::data_dir(args.data.clone());
+    let data = crate::args::data::data_dir(args.data.clone());
     let dataset = SpiderDataset::load(&data)
         .with_context(|| format!("loading Spider data from {}", data.display()))?;
     if let Some(path) = &args.replay {
@@ -277,12 +277,13 @@ fn governance(args: GovernanceArgs) -> anyhow::Result<ExitCode> {
         mode: None,
         check_cache: None,
     };
-    let kernel = file.build(&env)?;
+    let kernel = crate::kernel::build_kernel(&file, &env, None)?;
     let with_cache = || {
-        file.build(&BuildEnv {
+        let env = BuildEnv {
             check_cache: Some(Arc::new(CheckCache::default())),
             ..env.clone()
-        })
+        };
+        crate::kernel::build_kernel(&file, &env, None)
     };
     let warm = with_cache()?;
     // First sight: each round a kernel of its own policy version on one shared cache (as a
@@ -306,9 +307,8 @@ fn governance(args: GovernanceArgs) -> anyhow::Result<ExitCode> {
         })
         .cloned()
         .collect();
-    let recorded = file
-        .build(&env)?
-        .with_shared_recorder(Arc::new(FlightRecorder::in_memory()));
+    let recorder = Arc::new(FlightRecorder::in_memory());
+    let recorded = crate::kernel::build_kernel(&file, &env, Some(recorder))?;
     let sql_only = Kernel::new(agl_gov::GovernanceMode::Enforce).with_policy(SqlPolicy::default());
     let tools: Vec<Action> = (0..actions.len())
         .map(|i| {
@@ -400,11 +400,12 @@ fn replay(
         mode: None,
         check_cache: None,
     };
-    let plain = file.build(&env)?;
-    let cached = file.build(&BuildEnv {
+    let plain = crate::kernel::build_kernel(&file, &env, None)?;
+    let cached_env = BuildEnv {
         check_cache: Some(Arc::new(CheckCache::default())),
         ..env.clone()
-    })?;
+    };
+    let cached = crate::kernel::build_kernel(&file, &cached_env, None)?;
     let mut seen = std::collections::HashSet::new();
     let first: Vec<bool> = actions
         .iter()

@@ -25,18 +25,18 @@
 //! metrics live in `agl-train`, the gateway in `agl-server`, the engine in `agl-llm`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agl_core::RolloutMode;
-use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile, TableStats};
-use agl_spider::{CandidateConfig, ExecutorConfig, Question, SpiderDataset, Split, db_info};
+use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
+use agl_spider::{CandidateConfig, ExecutorConfig, Question, SpiderDataset, Split};
 use agl_spider::{
     EvalStats, LlmSqlAgent, PolicyCounts, Session, SpiderTask, SqlAgentConfig, SqlEvalRow,
-    SqlEvalSummary, SqlTaskReward, TaskConfig, TrainConfig, build_kernel, initial_policy,
-    rollout_result, sql_agent_reward,
+    SqlEvalSummary, SqlTaskReward, TaskConfig, TrainConfig, initial_policy, rollout_result,
+    sql_agent_reward,
 };
 use agl_store::RolloutQuery;
 use agl_train::RewardConfig;
@@ -45,8 +45,10 @@ use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::llm_cmd::Weights;
-use crate::llm_rollouts::{BatchPlan, LlmStage, progress_bar};
+use crate::args::engine::Weights;
+use crate::llm_stage::{BatchPlan, LlmStage};
+use crate::out::files::write_file;
+use crate::out::progress::progress_bar;
 use agl_core::semconv;
 
 /// Which agent `agl eval` runs.
@@ -83,7 +85,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "DIR")]
     adapter: Option<PathBuf>,
     /// The Spider split: dev (unseen databases) or train.
-    #[arg(long, default_value = "dev", value_parser = parse_split, value_name = "dev|train")]
+    #[arg(long, default_value = "dev", value_parser = crate::args::data::parse_split, value_name = "dev|train")]
     split: Split,
     /// Evaluate at most N questions (of those --offset or --every select).
     #[arg(long, value_name = "N")]
@@ -122,7 +124,7 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     #[command(flatten)]
-    upstream: crate::gateway_args::UpstreamArgs,
+    upstream: crate::args::gateway::UpstreamArgs,
     /// Where the built-in engine runs: cpu, cuda, cuda:N (a build with `--features cuda`), or
     /// auto.
     #[arg(long, default_value = "auto")]
@@ -145,14 +147,6 @@ pub struct EvalArgs {
     /// --seed is not accepted with it.
     #[arg(long, value_name = "DIR", conflicts_with = "seed")]
     checkpoint: Option<PathBuf>,
-}
-
-fn parse_split(s: &str) -> Result<Split, String> {
-    match s {
-        "dev" => Ok(Split::Dev),
-        "train" => Ok(Split::Train),
-        other => Err(format!("unknown split `{other}` (expected dev or train)")),
-    }
 }
 
 /// Positions (in the split's file order) that `--offset`/`--every` and `--limit` select, out
@@ -335,7 +329,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .map_or(args.seed, |c| c.config.training.seed);
     let policy =
         PolicyFile::resolve(&args.policy).with_context(|| format!("--policy {}", args.policy))?;
-    let data = crate::train_cmd::data_dir(args.data.clone());
+    let data = crate::args::data::data_dir(args.data.clone());
     if !data.is_dir() {
         bail!(
             "data directory {} does not exist (pass --data DIR)",
@@ -394,26 +388,10 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             questions: args.rows.then_some(outcome.rows),
             seconds,
         };
-        write_file(path, &serde_json::to_vec_pretty(&report)?)?;
+        write_file(path, &serde_json::to_vec_pretty(&report)?, Some("--report"))?;
         println!("report: {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Row counts of the databases `questions` use, for the cost policy.
-/// Row counts of every table of the questions' databases (what `cost_control` prices).
-pub(crate) fn table_stats<'a>(
-    dataset: &SpiderDataset,
-    questions: impl IntoIterator<Item = &'a Question>,
-) -> anyhow::Result<TableStats> {
-    let mut stats = TableStats::new();
-    for q in questions {
-        if !stats.contains_key(&q.db_id) {
-            let info = db_info(&q.db_id, &dataset.db_path(&q.db_id))?;
-            stats.insert(q.db_id.clone(), info.row_counts());
-        }
-    }
-    Ok(stats)
 }
 
 /// The built-in engine with `--model` (and `--adapter`, served under its directory's name), as
@@ -430,7 +408,7 @@ fn start_engine(
             .unwrap_or("adapter");
         (format!("{name}-adapter"), dir.display().to_string())
     });
-    let engine_args = crate::llm_cmd::EngineArgs {
+    let engine_args = crate::args::engine::EngineArgs {
         model: args.model.clone(),
         weights: args.weights,
         device: args.device.clone(),
@@ -455,13 +433,12 @@ fn run_llm(
     questions: &[Question],
 ) -> anyhow::Result<Outcome> {
     let env = BuildEnv {
-        table_stats: table_stats(dataset, questions)?,
+        table_stats: crate::kernel::table_stats(dataset, questions)?,
         mode: Some(GovernanceMode::Enforce),
         check_cache: Some(Arc::new(agl_gov::CheckCache::default())),
     };
     let kernel: Arc<Kernel> = Arc::new(
-        policy
-            .build(&env)
+        crate::kernel::build_kernel(policy, &env, None)
             .with_context(|| format!("--policy {}", args.policy))?,
     );
     let (engine, upstream, model) = match args.upstream.http() {
@@ -510,7 +487,7 @@ fn run_llm(
             mode: RolloutMode::Test,
             workers: args.workers,
         };
-        let bar = progress_bar(questions.len() as u64, "eval");
+        let bar = progress_bar("eval", questions.len() as u64, 5);
         let (mut correct, mut violating, mut done) = (0usize, 0usize, 0usize);
         let outcome = stage
             .run(&plan, questions, &bar, |row| {
@@ -608,7 +585,12 @@ fn run_scorer(
         !task.items(args.split).is_empty(),
         "no usable questions selected (their gold queries fail to execute)"
     );
-    let kernel = Arc::new(build_kernel(&task, policy, GovernanceMode::Enforce, None)?);
+    let kernel = Arc::new(crate::kernel::task_kernel(
+        &task,
+        policy,
+        GovernanceMode::Enforce,
+        None,
+    )?);
     let config = TrainConfig {
         workers: args.workers,
         seed: candidates.seed,
@@ -742,14 +724,6 @@ fn print_table(
     println!();
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    std::fs::write(path, bytes).with_context(|| format!("--report: writing {}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,12 +737,5 @@ mod tests {
         assert!(select(10, 10, None, None).is_err());
         assert!(select(10, 0, Some(0), None).is_err());
         assert!(select(10, 0, None, Some(0)).is_err());
-    }
-
-    #[test]
-    fn split_names_parse_and_unknown_ones_are_refused() {
-        assert_eq!(parse_split("dev"), Ok(Split::Dev));
-        assert_eq!(parse_split("train"), Ok(Split::Train));
-        assert!(parse_split("test").unwrap_err().contains("dev or train"));
     }
 }

@@ -24,8 +24,9 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::gateway_args::GatewayArgs;
-use crate::llm_cmd::{EngineArgs, start_engine};
+use crate::args::engine::EngineArgs;
+use crate::args::gateway::GatewayArgs;
+use crate::llm_cmd::start_engine;
 
 /// Arguments of `agl bench gateway`.
 #[derive(Debug, Args)]

@@ -47,7 +47,7 @@ pub struct LlmBenchArgs {
     llama_cpp_python: Option<PathBuf>,
     /// Weight formats to measure: dense (f32, the training path), q8 (serving), or both.
     #[arg(long, value_delimiter = ',', default_value = "q8,dense")]
-    weights: Vec<crate::llm_cmd::Weights>,
+    weights: Vec<crate::args::engine::Weights>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -141,15 +141,6 @@ fn run_request(
     })
 }
 
-/// Peak resident set size of this process (`VmHWM` in `/proc/self/status`), bytes; `None`
-/// where the kernel does not report it.
-pub(crate) fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Spider dev questions with their database's schema, rendered by the model's chat template.
 fn spider_prompts(
     args: &LlmBenchArgs,
@@ -160,7 +151,7 @@ fn spider_prompts(
         .chat_template
         .as_ref()
         .context("the model has no chat template")?;
-    let data = crate::train_cmd::data_dir(args.data.clone());
+    let data = crate::args::data::data_dir(args.data.clone());
     let dataset = agl_spider::SpiderDataset::load(&data)
         .with_context(|| format!("loading {}", data.display()))?;
     let mut prompts = Vec::new();
@@ -246,7 +237,8 @@ fn measure(
         decode_group8_tokens_per_s: group8,
         concurrent32_tokens_per_s: concurrent32,
         ttft_s: ttft,
-        peak_rss_mib: peak_rss_bytes().map_or(0.0, |b| b as f64 / (1024.0 * 1024.0)),
+        peak_rss_mib: crate::out::rss::peak_rss_bytes()
+            .map_or(0.0, |b| b as f64 / (1024.0 * 1024.0)),
     })
 }
 
@@ -307,8 +299,8 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
     let mut prompts = Vec::new();
     for w in formats {
         let name = match w {
-            crate::llm_cmd::Weights::Dense => "f32",
-            crate::llm_cmd::Weights::Q8 => "q8",
+            crate::args::engine::Weights::Dense => "f32",
+            crate::args::engine::Weights::Q8 => "q8",
         };
         eprintln!("loading {source} ({name}) …");
         let loaded = agl_llm::load(&files, &device, w.format())?;

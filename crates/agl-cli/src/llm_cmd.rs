@@ -15,12 +15,13 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
 use agl_llm::api::{self, ApiOptions};
-use agl_llm::{Engine, EngineConfig, WeightFormat};
+use agl_llm::{Engine, EngineConfig};
 use agl_server::Upstream;
 use agl_store::LightningStore;
 use std::sync::Arc;
 
-use crate::gateway_args::GatewayArgs;
+use crate::args::engine::EngineArgs;
+use crate::args::gateway::GatewayArgs;
 
 /// `agl llm …`.
 #[derive(Debug, Subcommand)]
@@ -28,52 +29,6 @@ pub enum LlmCommand {
     /// Serve a model over an OpenAI-compatible HTTP API (chat/completions, completions, models,
     /// vLLM's LoRA adapter endpoints, /health, /metrics).
     Serve(ServeArgs),
-}
-
-/// How linear weights are held in memory (`agl_llm::WeightFormat`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Weights {
-    /// f32: exact, the numbers training sees.
-    Dense,
-    /// GGML Q8_0 blocks: faster decoding, serving only.
-    Q8,
-}
-
-impl Weights {
-    /// The loader's format.
-    pub fn format(self) -> WeightFormat {
-        match self {
-            Weights::Dense => WeightFormat::Dense,
-            Weights::Q8 => WeightFormat::Q8,
-        }
-    }
-}
-
-/// Which model the built-in engine serves, and how (shared by `agl llm serve`, `agl store
-/// --llm` and `agl eval`).
-#[derive(Debug, Clone, Args)]
-pub struct EngineArgs {
-    /// The model: a known name (see `agl model list`; fetch it with `agl model pull`), a .gguf
-    /// file, or a Hugging Face model directory.
-    #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
-    pub model: String,
-    /// How to hold the linear weights: `dense` (f32: exact, what training recomputes) or `q8`
-    /// (GGML Q8_0 blocks: faster decoding, serving only; output follows llama.cpp's).
-    #[arg(long, value_enum, default_value = "dense")]
-    pub weights: Weights,
-    /// Where the model runs: cpu, cuda, cuda:N (a build with `--features cuda`), or auto.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Serve a PEFT LoRA adapter directory under NAME (repeatable).
-    #[arg(long = "adapter", value_name = "NAME=DIR")]
-    pub adapters: Vec<String>,
-    /// The base model's name in the API (`model` of requests); default: `--model` when it is
-    /// a name, else the file's or directory's name.
-    #[arg(long, value_name = "NAME")]
-    pub served_model_name: Option<String>,
-    /// Most completions decoded in one batch step; more requests wait in a queue.
-    #[arg(long, default_value_t = 64)]
-    pub max_batch_rows: usize,
 }
 
 /// A started engine and what the API shows about it.
@@ -234,7 +189,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     let extra = match &args.store_url {
         Some(url) => {
-            let client = crate::runner_cmd::client(url, args.store_token.clone())?;
+            let client = crate::remote::client(url, args.store_token.clone())?;
             rt.block_on(client.health())
                 .with_context(|| format!("reaching the store at --store-url {url}"))?;
             let store: Arc<dyn LightningStore> = Arc::new(client);

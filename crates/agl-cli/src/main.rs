@@ -1,17 +1,19 @@
 //! `agl`: the command line of agl. Thin: it parses arguments, wires the library crates, prints
 //! tables and writes files. All behaviour lives in the libraries.
 
+mod args;
 mod audit_cmd;
 mod bench_cmd;
 mod eval_cmd;
-mod gateway_args;
 mod gateway_bench;
+mod kernel;
 mod llm_bench;
 mod llm_cmd;
-mod llm_rollouts;
+mod llm_stage;
 mod model_cmd;
-mod plot;
+mod out;
 mod policy_cmd;
+mod remote;
 mod runner_cmd;
 mod server_bench;
 mod store_bench;
@@ -207,16 +209,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// clap value parser for the library's named enums (`GovernanceMode`, `SqlDialect`, …): their
-/// `FromStr` errors already list the valid names.
-pub(crate) fn parse_name<T>(s: &str) -> Result<T, String>
-where
-    T: std::str::FromStr,
-    T::Err: std::fmt::Display,
-{
-    s.parse().map_err(|e: T::Err| e.to_string())
 }
 
 /// The error and its causes on one line, skipping a cause whose text the previous message

@@ -37,7 +37,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "STATEMENT", allow_hyphen_values = true)]
     sql: Option<String>,
     /// SQL dialect of `--sql`: sqlite, mysql, postgres, generic.
-    #[arg(long, default_value = "sqlite", value_parser = crate::parse_name::<SqlDialect>)]
+    #[arg(long, default_value = "sqlite", value_parser = crate::args::parse_name::<SqlDialect>)]
     dialect: SqlDialect,
     /// Database id the SQL targets.
     #[arg(long, default_value = "main")]
@@ -52,7 +52,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "TEXT")]
     text: Option<String>,
     /// Override the policy file's mode: enforce or audit.
-    #[arg(long, value_parser = crate::parse_name::<GovernanceMode>)]
+    #[arg(long, value_parser = crate::args::parse_name::<GovernanceMode>)]
     mode: Option<GovernanceMode>,
     /// Print the decision as JSON instead of text.
     #[arg(long)]
@@ -69,7 +69,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
 
 fn lint(spec: &str) -> anyhow::Result<ExitCode> {
     let result = PolicyFile::resolve(spec).and_then(|f| {
-        let kernel = f.build(&BuildEnv::default())?;
+        let kernel = crate::kernel::build_kernel(&f, &BuildEnv::default(), None)?;
         Ok((f, kernel))
     });
     match result {
@@ -118,7 +118,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         mode: args.mode,
         ..BuildEnv::default()
     };
-    let kernel = file.build(&env)?;
+    let kernel = crate::kernel::build_kernel(&file, &env, None)?;
     let action = if let Some(sql) = &args.sql {
         match read_sql(sql)? {
             Ok(text) => Action::sql(&args.database, text).with_dialect(args.dialect),

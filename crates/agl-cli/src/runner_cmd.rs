@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 
 use agl_core::AttemptedRollout;
 use agl_gov::{FlightRecorder, PolicyFile};
-use agl_server::{ClientOptions, StoreClient};
 use agl_spider::{
     Assignment, RunSpec, RunnerResolver, SpiderRunner, SpiderTask, TaskConfig, WorkerOptions,
-    build_kernel, run_worker,
+    run_worker,
 };
 use agl_spider::{ExecutorConfig, SpiderDataset, SpiderError};
 use agl_store::LightningStore;
@@ -45,7 +44,7 @@ pub struct RunnerArgs {
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     #[command(flatten)]
-    token: crate::store_cmd::TokenArg,
+    token: crate::args::store::TokenArg,
     /// Record this process's governance checks in a flight-recorder database.
     #[arg(long, value_name = "FILE.db")]
     audit_log: Option<PathBuf>,
@@ -157,7 +156,7 @@ impl RunnerResolver for ResourceRunners {
                 None => {
                     let policy = PolicyFile::resolve(&spec.policy)?;
                     let runner = |mode: TrainingMode| -> Result<Arc<SpiderRunner>, SpiderError> {
-                        let k = build_kernel(
+                        let k = crate::kernel::task_kernel(
                             &task,
                             &policy,
                             mode.kernel_mode(),
@@ -179,34 +178,6 @@ impl RunnerResolver for ResourceRunners {
     }
 }
 
-/// Waits until the server answers its health check, or `timeout` passes.
-pub(crate) async fn wait_for_server(client: &StoreClient, timeout: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match client.health().await {
-            Ok(()) => return Ok(()),
-            Err(e) if Instant::now() >= deadline => {
-                anyhow::bail!(
-                    "the store server {} did not answer within {:.0} s: {e}",
-                    client.base_url(),
-                    timeout.as_secs_f64()
-                )
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
-/// A client for `url` with `token`.
-pub(crate) fn client(url: &str, token: Option<String>) -> anyhow::Result<StoreClient> {
-    let options = ClientOptions {
-        auth_token: token.filter(|t| !t.is_empty()),
-        ..ClientOptions::default()
-    };
-    StoreClient::with_options(url, options)
-        .with_context(|| format!("--store-url {url} is not a usable store URL"))
-}
-
 /// Runs `agl runner`.
 pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.workers >= 1, "--workers must be at least 1");
@@ -214,14 +185,14 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         args.connect_timeout.is_finite() && args.connect_timeout >= 0.0,
         "--connect-timeout must be a non-negative number of seconds"
     );
-    let data = crate::train_cmd::data_dir(args.data.clone());
+    let data = crate::args::data::data_dir(args.data.clone());
     anyhow::ensure!(
         data.is_dir(),
         "data directory {} does not exist (pass --data DIR)",
         data.display()
     );
     let recorder = match &args.audit_log {
-        Some(p) => Some(crate::train_cmd::open_recorder(p)?),
+        Some(p) => Some(crate::kernel::open_recorder(p)?),
         None => None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -229,8 +200,8 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let client = client(&args.store_url, args.token.auth_token.clone())?;
-    rt.block_on(wait_for_server(
+    let client = crate::remote::client(&args.store_url, args.token.auth_token.clone())?;
+    rt.block_on(crate::remote::wait_for_server(
         &client,
         Duration::from_secs_f64(args.connect_timeout),
     ))?;

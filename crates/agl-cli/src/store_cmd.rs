@@ -32,8 +32,9 @@ use serde::Serialize;
 
 use agl_server::Upstream;
 
-use crate::gateway_args::{GatewayArgs, UpstreamArgs};
-use crate::llm_cmd::{EngineArgs, start_engine};
+use crate::args::engine::EngineArgs;
+use crate::args::gateway::{GatewayArgs, UpstreamArgs};
+use crate::llm_cmd::start_engine;
 use agl_core::semconv;
 
 /// `agl store [OPTIONS]` serves; `agl store inspect PATH` inspects.
@@ -44,21 +45,6 @@ pub struct StoreArgs {
     command: Option<StoreCommand>,
     #[command(flatten)]
     serve: ServeArgs,
-}
-
-/// `--auth-token` / `$AGL_STORE_TOKEN`: the store server's bearer token. The server requires
-/// it on every endpoint except `/v1/agl/health`; clients (`agl runner`, `agl train
-/// --store-url`) send it.
-#[derive(Debug, Args)]
-pub struct TokenArg {
-    /// Bearer token of the store server (`Authorization: Bearer TOKEN`).
-    #[arg(
-        long,
-        env = "AGL_STORE_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
-    pub auth_token: Option<String>,
 }
 
 /// Arguments of the server (`agl store`).
@@ -77,7 +63,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH|postgres://…")]
     db: Option<String>,
     #[command(flatten)]
-    token: TokenArg,
+    token: crate::args::store::TokenArg,
     /// Allow browser requests from this origin (repeatable; `*` = any origin, without
     /// credentials). CORS is off without it.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
@@ -100,7 +86,7 @@ pub struct ServeArgs {
     upstream: UpstreamArgs,
     /// --llm weights: dense (f32, what training recomputes) or q8 (serving only).
     #[arg(long, value_enum, default_value = "dense")]
-    llm_weights: crate::llm_cmd::Weights,
+    llm_weights: crate::args::engine::Weights,
     /// --llm device: cpu, cuda, cuda:N or auto.
     #[arg(long, default_value = "auto")]
     llm_device: String,

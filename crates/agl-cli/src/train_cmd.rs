@@ -22,18 +22,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agl_core::{AttemptStatus, RolloutConfig};
-use agl_gov::{FlightRecorder, GovernanceMode};
+use agl_gov::GovernanceMode;
 use agl_spider::{CandidateConfig, ExecutorConfig, SpiderDataset, Split};
 use agl_spider::{
     CheckpointPlan, EvalStats, GrpoConfig, RunOptions, RunReport, RunSpec, Session, SpiderTask,
-    TaskConfig, TrainConfig, build_kernel, initial_policy,
+    TaskConfig, TrainConfig, initial_policy,
 };
 use agl_store::LightningStore;
 use agl_train::TrainingMode;
 use anyhow::Context;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+
+use crate::out::files::write_file;
+use crate::out::progress::progress_bar;
 
 /// Arguments of `agl train`.
 #[derive(Debug, Args)]
@@ -81,7 +83,7 @@ pub struct TrainArgs {
     policy: String,
     /// Training mode: audit (record only), shield (block), screen (block and drop flagged
     /// samples from the gradient) or enforce (block and penalise).
-    #[arg(long, default_value = "enforce", value_parser = crate::parse_name::<TrainingMode>, value_name = "MODE")]
+    #[arg(long, default_value = "enforce", value_parser = crate::args::parse_name::<TrainingMode>, value_name = "MODE")]
     governance: TrainingMode,
     /// Train once per listed mode with the same seed and print them side by side
     /// (`--compare audit,shield,screen,enforce`); the bare flag compares audit and enforce.
@@ -129,7 +131,7 @@ pub struct TrainArgs {
     /// `--auth-token`: for `--store-url`, and required of runner processes by the trainer's
     /// own server.
     #[command(flatten)]
-    token: crate::store_cmd::TokenArg,
+    token: crate::args::store::TokenArg,
     /// With runner processes or a remote store: seconds without a heartbeat after which an
     /// attempt is `unresponsive` and its rollout is retried (up to 3 attempts).
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
@@ -290,22 +292,6 @@ fn runner_audit_log(path: &Path, k: usize) -> PathBuf {
     path.with_file_name(format!("{stem}.runner-{k}.{ext}"))
 }
 
-/// The data directory: `--data`, else `$AGL_DATA`, else `./data/spider`, else the vendored copy
-/// of the source tree this binary was built from.
-pub(crate) fn data_dir(arg: Option<PathBuf>) -> PathBuf {
-    if let Some(d) = arg {
-        return d;
-    }
-    if let Some(d) = std::env::var_os("AGL_DATA") {
-        return PathBuf::from(d);
-    }
-    let local = PathBuf::from("data/spider");
-    if local.is_dir() {
-        return local;
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider")
-}
-
 #[derive(Serialize)]
 struct Report<'a> {
     seed: u64,
@@ -343,7 +329,7 @@ pub enum TrainAgent {
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     if args.agent == TrainAgent::Llm {
         let shared = crate::train_llm::SharedArgs {
-            data: data_dir(args.data.clone()),
+            data: crate::args::data::data_dir(args.data.clone()),
             seed: args.seed,
             group_size: args.group_size,
             lr: args
@@ -374,7 +360,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         return crate::train_llm::run(shared, args.llm);
     }
     let started = Instant::now();
-    let data = data_dir(args.data.clone());
+    let data = crate::args::data::data_dir(args.data.clone());
     if !data.is_dir() {
         anyhow::bail!(
             "data directory {} does not exist (pass --data DIR)",
@@ -454,8 +440,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     let (store, server): (Arc<dyn LightningStore>, Option<agl_server::RunningServer>) =
         match &args.store_url {
             Some(url) => {
-                let client = crate::runner_cmd::client(url, args.token.auth_token.clone())?;
-                rt.block_on(crate::runner_cmd::wait_for_server(
+                let client = crate::remote::client(url, args.token.auth_token.clone())?;
+                rt.block_on(crate::remote::wait_for_server(
                     &client,
                     Duration::from_secs(30),
                 ))?;
@@ -511,11 +497,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     }
 
     let recorder = match &args.audit_log {
-        Some(p) => Some(open_recorder(p)?),
+        Some(p) => Some(crate::kernel::open_recorder(p)?),
         None => None,
     };
     let modes = args.modes();
-    let eval_kernel = Arc::new(build_kernel(
+    let eval_kernel = Arc::new(crate::kernel::task_kernel(
         &task,
         &policy,
         GovernanceMode::Enforce,
@@ -537,7 +523,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         let mut runs: Vec<(TrainingMode, RunReport)> = Vec::new();
         let mut untrained = None;
         for mode in &modes {
-            let kernel = Arc::new(build_kernel(
+            let kernel = Arc::new(crate::kernel::task_kernel(
                 &task,
                 &policy,
                 mode.kernel_mode(),
@@ -585,6 +571,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             let bar = progress_bar(
                 mode.as_str(),
                 (config.epochs * task.train.len() * config.grpo.group_size) as u64,
+                6,
             );
             let mut on_progress = |p: &agl_spider::Progress| {
                 bar.set_length(p.total);
@@ -697,7 +684,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             runs: runs.iter().map(|(m, r)| (m.as_str(), r)).collect(),
             seconds: started.elapsed().as_secs_f64(),
         };
-        write_file(path, &serde_json::to_vec_pretty(&report)?)?;
+        write_file(path, &serde_json::to_vec_pretty(&report)?, None)?;
         println!("report: {}", path.display());
     }
     for (dir, step) in &saved {
@@ -731,8 +718,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             .map(String::as_str)
             .zip(runs.iter().map(|(_, r)| r))
             .collect();
-        let svg = crate::plot::learning_curves(&labelled)?;
-        write_file(path, svg.as_bytes())?;
+        let svg = crate::out::plot::learning_curves(&labelled)?;
+        write_file(path, svg.as_bytes(), None)?;
         println!("plot: {}", path.display());
     }
     println!("total time: {:.1} s", started.elapsed().as_secs_f64());
@@ -763,39 +750,6 @@ fn resume_checkpoint(dir: &Path, args: &TrainArgs) -> anyhow::Result<agl_spider:
         t.governance.as_str()
     );
     Ok(ckpt)
-}
-
-/// Opens (or continues) the flight-recorder database at `path`, keyed when
-/// `$AGL_AUDIT_KEY_FILE` names a key file.
-pub(crate) fn open_recorder(path: &Path) -> anyhow::Result<Arc<FlightRecorder>> {
-    let hmac_key = match std::env::var_os(agl_gov::AUDIT_KEY_FILE_ENV).filter(|v| !v.is_empty()) {
-        Some(k) => Some(agl_gov::hmac_key_from_file(Path::new(&k))?),
-        None => None,
-    };
-    let config = agl_gov::RecorderConfig {
-        hmac_key,
-        ..agl_gov::RecorderConfig::default()
-    };
-    Ok(Arc::new(FlightRecorder::open(path, config)?))
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
-}
-
-fn progress_bar(name: &str, total: u64) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    let style =
-        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos:>6}/{len} {msg} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(name.to_string());
-    bar
 }
 
 fn print_preparation(r: &agl_spider::PreparationReport) {

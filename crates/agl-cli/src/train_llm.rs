@@ -68,7 +68,8 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use crate::llm_rollouts::{BatchPlan, Finished, LlmStage, progress_bar};
+use crate::llm_stage::{BatchPlan, Finished, LlmStage};
+use crate::out::progress::progress_bar;
 use agl_core::semconv;
 
 /// Which train questions the LLM trains on.
@@ -521,7 +522,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     );
     let mut all_q: Vec<&Question> = train.clone();
     all_q.extend(dev.iter());
-    let stats = crate::eval_cmd::table_stats(&dataset, all_q.iter().copied())?;
+    let stats = crate::kernel::table_stats(&dataset, all_q.iter().copied())?;
     // One check cache for every kernel of the run (the agent's statements recur).
     let check_cache = Arc::new(agl_gov::CheckCache::default());
     let kernel_for = |mode: GovernanceMode| -> anyhow::Result<Arc<Kernel>> {
@@ -531,15 +532,14 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             check_cache: Some(check_cache.clone()),
         };
         Ok(Arc::new(
-            policy
-                .build(&env)
+            crate::kernel::build_kernel(&policy, &env, None)
                 .with_context(|| format!("--policy {}", shared.policy))?,
         ))
     };
 
-    let engine_args = crate::llm_cmd::EngineArgs {
+    let engine_args = crate::args::engine::EngineArgs {
         model: args.model.clone(),
-        weights: crate::llm_cmd::Weights::Dense,
+        weights: crate::args::engine::Weights::Dense,
         device: args.device.clone(),
         adapters: Vec::new(),
         served_model_name: None,
@@ -602,7 +602,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             let dev = &dev;
             let plan = eval_plan(&model, &id);
             async move {
-                let bar = progress_bar(dev.len() as u64, "eval");
+                let bar = progress_bar("eval", dev.len() as u64, 5);
                 let (rows, seconds) = stage.run(&plan, dev, &bar, |_| {}).await?;
                 bar.finish_and_clear();
                 let rows: Vec<SqlEvalRow> = rows.into_iter().map(|f| f.row).collect();
@@ -697,7 +697,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             let total = (args.steps.saturating_sub(start_step)
                 * args.tasks_per_step
                 * shared.group_size) as u64;
-            let bar = progress_bar(total, mode.as_str());
+            let bar = progress_bar(mode.as_str(), total, 5);
             let mut curve: Vec<LlmCurvePoint> = Vec::new();
             let mut all_rows: Vec<SqlEvalRow> = Vec::new();
             let mut rollouts = 0u64;
@@ -851,7 +851,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     dev_llm: after,
                     curve,
                     adapter: final_dir.display().to_string(),
-                    peak_rss_bytes: crate::llm_bench::peak_rss_bytes(),
+                    peak_rss_bytes: crate::out::rss::peak_rss_bytes(),
                     kernel: train_kernel.stats(),
                     seconds: run_started.elapsed().as_secs_f64(),
                 },
@@ -890,7 +890,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             })
             .collect();
         let refs: Vec<(&str, &RunReport)> = reports.iter().map(|(n, r)| (*n, r)).collect();
-        let svg = crate::plot::learning_curves(&refs)?;
+        let svg = crate::out::plot::learning_curves(&refs)?;
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("plot written to {}", path.display());
     }

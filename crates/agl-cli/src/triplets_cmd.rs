@@ -25,7 +25,7 @@ pub struct TripletsArgs {
     #[arg(long, value_name = "URL")]
     store_url: String,
     #[command(flatten)]
-    token: crate::store_cmd::TokenArg,
+    token: crate::args::store::TokenArg,
     /// The rollout whose spans to read.
     #[arg(long, value_name = "RID")]
     rollout_id: String,
@@ -43,7 +43,7 @@ pub struct TripletsArgs {
     agent_match: Option<String>,
     /// How rewards are given to LLM calls: first_occurrence or first_sibling.
     #[arg(long, value_name = "POLICY", default_value = "first_occurrence",
-          value_parser = crate::parse_name::<RewardMatchPolicy>)]
+          value_parser = crate::args::parse_name::<RewardMatchPolicy>)]
     reward_match: RewardMatchPolicy,
     /// Keep the span tree as recorded (no re-nesting of root-level spans by time).
     #[arg(long)]
@@ -76,7 +76,7 @@ pub fn run(args: TripletsArgs) -> anyhow::Result<ExitCode> {
         exclude_llm_call_in_reward: !args.include_llm_calls_in_reward,
         reward_match: args.reward_match,
     };
-    let client = crate::runner_cmd::client(&args.store_url, args.token.auth_token.clone())?;
+    let client = crate::remote::client(&args.store_url, args.token.auth_token.clone())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -3,8 +3,8 @@
 //! the upstream's time limit.
 //!
 //! Responsible for turning those flags into an [`agl_server::GatewayConfig`]. Not responsible
-//! for the upstream itself (the built-in engine is started by [`crate::llm_cmd`]; an HTTP
-//! upstream is a URL) or for the routes (`agl_server::gateway`).
+//! for the upstream itself (the built-in engine is started by the command that serves it; an
+//! HTTP upstream is a URL) or for the routes (`agl_server::gateway`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,7 +53,7 @@ pub struct GatewayArgs {
     #[arg(long = "llm-policy", default_value = agl_gov::DEFAULT_PRESET, value_name = "FILE|PRESET|none")]
     pub llm_policy: String,
     /// enforce (block or redact before the agent sees it) or audit (record only).
-    #[arg(long = "llm-governance", default_value = "enforce", value_parser = crate::parse_name::<GovernanceMode>, value_name = "MODE")]
+    #[arg(long = "llm-governance", default_value = "enforce", value_parser = crate::args::parse_name::<GovernanceMode>, value_name = "MODE")]
     pub llm_governance: GovernanceMode,
     /// Record every check of model output in this flight-recorder SQLite database
     /// (hash-chained; verify with `agl audit verify PATH`).
@@ -81,11 +81,12 @@ impl GatewayArgs {
                 mode: Some(self.llm_governance),
                 ..BuildEnv::default()
             };
-            let mut kernel = policy.build(&env).with_context(|| {
-                format!("building the kernel of --llm-policy {}", self.llm_policy)
-            })?;
+            let mut kernel =
+                crate::kernel::build_kernel(&policy, &env, None).with_context(|| {
+                    format!("building the kernel of --llm-policy {}", self.llm_policy)
+                })?;
             if let Some(path) = &self.llm_audit_log {
-                kernel = kernel.with_shared_recorder(crate::train_cmd::open_recorder(path)?);
+                kernel = kernel.with_shared_recorder(crate::kernel::open_recorder(path)?);
             }
             config.kernel = Some(Arc::new(kernel));
         } else {

@@ -1,5 +1,8 @@
 //! Learning-curve plots (SVG, plotters): reward, violation rate and accuracy per GRPO update,
 //! one line per run, smoothed with a trailing moving average of 10 updates.
+//!
+//! Not for the numbers plotted (the training reports) or for writing the file
+//! ([`crate::out::files`]).
 
 use agl_spider::{CurvePoint, RunReport};
 use plotters::prelude::*;

@@ -8,8 +8,9 @@
 //! them with governed runner workers (concurrently, so the engine batches their calls) and
 //! reads every rollout back with its attempt's spans.
 //!
-//! Responsible for wiring and the progress bar; the agent and its reward live in `agl-train`,
-//! the gateway in `agl-server`.
+//! Responsible for wiring and moving the progress bar; not for the bar itself
+//! ([`crate::out::progress`]), the agent and its reward (`agl-train`), the gateway
+//! (`agl-server`) or the commands' flags. It stays in the binary until it moves to a library.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,19 +23,7 @@ use agl_spider::{LlmSqlAgent, SqlAgentOutput, SqlEvalRow, sql_eval_row};
 use agl_store::{InMemoryLightningStore, LightningStore};
 use agl_train::{CancellationToken, GovernedRunner, PolicyReward};
 use anyhow::{Context, bail};
-use indicatif::{ProgressBar, ProgressStyle};
-
-/// A progress bar for `total` rollouts, prefixed `prefix`.
-pub fn progress_bar(total: u64, prefix: &str) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    let style =
-        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos:>5}/{len} {msg} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(prefix.to_string());
-    bar
-}
+use indicatif::ProgressBar;
 
 /// One finished rollout: its id, the question's position in the batch, its row and spans.
 #[derive(Debug)]
