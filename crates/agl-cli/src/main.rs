@@ -2,25 +2,12 @@
 //! tables and writes files. All behaviour lives in the libraries.
 
 mod args;
-mod audit_cmd;
-mod bench_cmd;
-mod eval_cmd;
-mod gateway_bench;
+mod bench;
+mod cmd;
 mod kernel;
-mod llm_bench;
-mod llm_cmd;
 mod llm_stage;
-mod model_cmd;
 mod out;
-mod policy_cmd;
 mod remote;
-mod runner_cmd;
-mod server_bench;
-mod store_bench;
-mod store_cmd;
-mod train_cmd;
-mod train_llm;
-mod triplets_cmd;
 
 use std::process::ExitCode;
 
@@ -44,39 +31,39 @@ enum Command {
     /// Fetch and list models for the built-in LLM engine (`agl model pull smollm2-135m-instruct`).
     Model {
         #[command(subcommand)]
-        command: model_cmd::ModelCommand,
+        command: cmd::model::ModelCommand,
     },
     /// Train the built-in governed SQL agent on Spider with GRPO, then evaluate on dev.
-    Train(Box<train_cmd::TrainArgs>),
+    Train(Box<cmd::train::TrainArgs>),
     /// Evaluate an agent (the SQL-writing LLM, or the built-in scorer) on a Spider split under
     /// governance: accuracy, violations, turns, tokens.
-    Eval(Box<eval_cmd::EvalArgs>),
+    Eval(Box<cmd::eval::EvalArgs>),
     /// Measure governance check latency on the Spider dev gold queries.
     Bench {
         #[command(subcommand)]
-        command: bench_cmd::BenchCommand,
+        command: cmd::bench::BenchCommand,
     },
     /// Validate policy files and check single actions against them.
     Policy {
         #[command(subcommand)]
-        command: policy_cmd::PolicyCommand,
+        command: cmd::policy::PolicyCommand,
     },
     /// Serve a store over HTTP (Agent Lightning v0.3.0 compatible), or inspect one.
-    Store(store_cmd::StoreArgs),
+    Store(cmd::store::StoreArgs),
     /// Run runner processes that serve a remote store's rollouts (`agl store`).
-    Runner(runner_cmd::RunnerArgs),
+    Runner(cmd::runner::RunnerArgs),
     /// Verify, summarize and export flight-recorder databases (`agl train --audit-log`).
     Audit {
         #[command(subcommand)]
-        command: audit_cmd::AuditCommand,
+        command: cmd::audit::AuditCommand,
     },
     /// Serve agl's LLM engine over an OpenAI-compatible HTTP API (`agl llm serve`).
     Llm {
         #[command(subcommand)]
-        command: llm_cmd::LlmCommand,
+        command: cmd::llm::LlmCommand,
     },
     /// Print the triplets of one attempt's LLM-call spans in a store (`TracerTraceToTriplet`).
-    Triplets(triplets_cmd::TripletsArgs),
+    Triplets(cmd::triplets::TripletsArgs),
 }
 
 /// candle asks for its thread count on every matmul and, unless `RAYON_NUM_THREADS` is set,
@@ -156,7 +143,7 @@ fn main() -> ExitCode {
         Command::Llm { .. }
         | Command::Eval(_)
         | Command::Bench {
-            command: bench_cmd::BenchCommand::Llm(_) | bench_cmd::BenchCommand::Gateway(_),
+            command: cmd::bench::BenchCommand::Llm(_) | cmd::bench::BenchCommand::Gateway(_),
         } => true,
         Command::Store(args) => args.serves_llm(),
         Command::Train(args) => args.trains_llm(),
@@ -173,17 +160,17 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Train(args) => train_cmd::run(*args),
-        Command::Eval(args) => eval_cmd::run(*args),
-        Command::Bench { command } => bench_cmd::run(command),
-        Command::Store(args) => store_cmd::run(args),
-        Command::Runner(args) => runner_cmd::run(args),
-        Command::Llm { command } => llm_cmd::run(command),
-        Command::Model { command } => model_cmd::run(command),
-        Command::Triplets(args) => triplets_cmd::run(args),
+        Command::Train(args) => cmd::train::run(*args),
+        Command::Eval(args) => cmd::eval::run(*args),
+        Command::Bench { command } => cmd::bench::run(command),
+        Command::Store(args) => cmd::store::run(args),
+        Command::Runner(args) => cmd::runner::run(args),
+        Command::Llm { command } => cmd::llm::run(command),
+        Command::Model { command } => cmd::model::run(command),
+        Command::Triplets(args) => cmd::triplets::run(args),
         Command::Policy { command } => {
             // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
-            return match policy_cmd::run(command) {
+            return match cmd::policy::run(command) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("error: {}", one_line(&e));
@@ -193,7 +180,7 @@ fn main() -> ExitCode {
         }
         Command::Audit { command } => {
             // `audit verify` reserves exit 1 for "broken": errors exit 2.
-            return match audit_cmd::run(command) {
+            return match cmd::audit::run(command) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("error: {}", one_line(&e));

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use crate::args::engine::EngineArgs;
 use crate::args::gateway::GatewayArgs;
-use crate::llm_cmd::start_engine;
+use crate::cmd::llm::start_engine;
 
 /// Arguments of `agl bench gateway`.
 #[derive(Debug, Args)]

@@ -40,8 +40,10 @@
 //! the adapter's factors become the trainable variables again and the step count goes on;
 //! AdamW's moment estimates are not saved (they restart at zero).
 //!
-//! Responsible for the command line, the loop and the report; the algorithm is in
-//! `agl_train::llm_grpo`, the agent in `agl_spider::sql_agent`, the gateway in `agl-server`.
+//! Responsible for the `--agent llm` flags, the loop and the report (the flags it shares with
+//! the scorer are read by [`super`]); not for the algorithm (`agl_train::llm_grpo`), the agent
+//! (`agl_spider::sql_agent`), the gateway (`agl-server`) or the rollout staging it shares with
+//! `agl eval` ([`crate::llm_stage`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -545,7 +547,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         served_model_name: None,
         max_batch_rows: (shared.workers * args.max_turns.max(1)).clamp(8, 64),
     };
-    let started_engine = crate::llm_cmd::start_engine(&engine_args, "agl train")?;
+    let started_engine = crate::cmd::llm::start_engine(&engine_args, "agl train")?;
     let engine = started_engine.engine.clone();
     let base_name = started_engine.name.clone();
     let upstream = || agl_server::Upstream::InProcess(started_engine.router());

@@ -28,32 +28,8 @@ use agl_gov::{
 };
 use agl_spider::{SpiderDataset, Split, db_info};
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::Args;
 use serde::Serialize;
-
-/// `agl bench …` subcommands.
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Per-check latency of SqlPolicy alone, of a policy file's kernel (default `standard`),
-    /// of that kernel with an in-memory flight recorder, and of a tool-call check.
-    Governance(GovernanceArgs),
-    /// Store throughput: the runner's rollout cycle (enqueue → dequeue → start attempt →
-    /// spans → finish) with 1, 8 and 64 concurrent workers, and span queries among 1M spans,
-    /// on the memory and SQLite backends, with p99 latency per operation.
-    Store(crate::store_bench::StoreBenchArgs),
-    /// HTTP server throughput: the runner's rollout cycle over HTTP (enqueue → dequeue →
-    /// spans/next → REST and OTLP spans → finish → span query) against an in-process
-    /// `agl store` (memory, SQLite) or `--url`, with 1, 8 and 64 concurrent clients and p50/p99
-    /// latency per endpoint.
-    Server(crate::server_bench::ServerBenchArgs),
-    /// LLM engine throughput on Spider prompts: prefill, decode at batch 1, a group of 8 and
-    /// 32 concurrent requests, time to first token, peak RSS; side by side with llama.cpp on
-    /// the same GGUF when `--llama-cpp-python` is given (scripts/bench/bench-llm.sh does that).
-    Llm(crate::llm_bench::LlmBenchArgs),
-    /// LLM gateway overhead: p50/p99 of a model call through the governed gateway against the
-    /// same call to the engine's API directly, with 1 and 64 concurrent agents.
-    Gateway(crate::gateway_bench::GatewayBenchArgs),
-}
 
 /// Arguments of `agl bench governance`.
 #[derive(Debug, Args)]
@@ -87,17 +63,6 @@ struct Row {
     checks_per_second: f64,
     /// Share of the measured checks answered from the check cache (`None`: no cache).
     hit_rate: Option<f64>,
-}
-
-/// Runs a `bench` subcommand.
-pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
-    match cmd {
-        BenchCommand::Governance(args) => governance(args),
-        BenchCommand::Store(args) => crate::store_bench::run(&args),
-        BenchCommand::Server(args) => crate::server_bench::run(&args),
-        BenchCommand::Llm(args) => crate::llm_bench::run(&args),
-        BenchCommand::Gateway(args) => crate::gateway_bench::run(&args),
-    }
 }
 
 fn measure(name: &str, actions: &[Action], rounds: usize, check: impl Fn(&Action)) -> Row {
@@ -248,7 +213,8 @@ fn replay_rows(name: &str, actions: &[Action], first: &[bool], k: &Kernel) -> Ve
     std::iter::once(all).chain(rows).collect()
 }
 
-fn governance(args: GovernanceArgs) -> anyhow::Result<ExitCode> {
+/// Runs `agl bench governance`.
+pub fn run(args: GovernanceArgs) -> anyhow::Result<ExitCode> {
     let data = crate::args::data::data_dir(args.data.clone());
     let dataset = SpiderDataset::load(&data)
         .with_context(|| format!("loading Spider data from {}", data.display()))?;

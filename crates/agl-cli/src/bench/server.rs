@@ -91,7 +91,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::store_cmd::redacted;
+use crate::cmd::store::redacted;
 
 /// Worker threads of the in-process server's runtime.
 const SERVER_WORKER_THREADS: usize = 2;
@@ -1146,7 +1146,7 @@ fn in_process_row(
         }
     }
     for path in paths {
-        crate::store_bench::remove_db(Some(path));
+        crate::bench::store::remove_db(Some(path));
     }
     let row = row?;
     stopped.context("shutting the in-process server down")?;

@@ -34,7 +34,7 @@ use agl_server::Upstream;
 
 use crate::args::engine::EngineArgs;
 use crate::args::gateway::{GatewayArgs, UpstreamArgs};
-use crate::llm_cmd::start_engine;
+use crate::cmd::llm::start_engine;
 use agl_core::semconv;
 
 /// `agl store [OPTIONS]` serves; `agl store inspect PATH` inspects.

@@ -419,7 +419,7 @@ fn start_engine(
         served_model_name: None,
         max_batch_rows: args.workers.clamp(1, 64),
     };
-    let started = crate::llm_cmd::start_engine(&engine_args, "agl eval")?;
+    let started = crate::cmd::llm::start_engine(&engine_args, "agl eval")?;
     let model = adapter.map_or_else(|| started.name.clone(), |(name, _)| name);
     let upstream = agl_server::Upstream::InProcess(started.router());
     Ok((started.engine, upstream, model))

@@ -15,6 +15,11 @@
 //! `final` directory before anything else is prepared or written, refuses it (one line naming
 //! the file) when it is missing, malformed, of another architecture, or from another seed or
 //! governance mode, and continues counting from update N.
+//!
+//! This file is the scorer's path and the command's flags; `--agent llm` runs [`llm`] (the same
+//! command, its own loop). Not for the training algorithms (`agl-train`, `agl-spider`).
+
+pub mod llm;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,7 +50,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "scorer")]
     agent: TrainAgent,
     #[command(flatten)]
-    llm: crate::train_llm::LlmTrainArgs,
+    llm: llm::LlmTrainArgs,
     /// Spider data directory [default: the vendored data/spider of this repository].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
@@ -328,7 +333,7 @@ pub enum TrainAgent {
 /// Runs `agl train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     if args.agent == TrainAgent::Llm {
-        let shared = crate::train_llm::SharedArgs {
+        let shared = llm::SharedArgs {
             data: crate::args::data::data_dir(args.data.clone()),
             seed: args.seed,
             group_size: args.group_size,
@@ -357,7 +362,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                  --agent llm runs its store, gateway and runners in this process"
             );
         }
-        return crate::train_llm::run(shared, args.llm);
+        return llm::run(shared, args.llm);
     }
     let started = Instant::now();
     let data = crate::args::data::data_dir(args.data.clone());
@@ -448,7 +453,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 (Arc::new(client), None)
             }
             None => {
-                let store = crate::store_cmd::open_store(&args.store, &rt)?;
+                let store = crate::cmd::store::open_store(&args.store, &rt)?;
                 let server = if args.runner_processes > 0 {
                     let config = agl_server::ServerConfig {
                         port: 0,
