@@ -79,6 +79,20 @@ pub enum LlmError {
     /// The engine's worker has stopped (the server is shutting down).
     #[error("the engine has stopped")]
     EngineStopped,
+    /// A field of an [`EngineSpec`](crate::startup::EngineSpec) is out of range or malformed;
+    /// the message names the `agl` flag it comes from and what it expects.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// A step of [`start_engine`](crate::startup::start_engine) failed: `step` says which
+    /// (`resolving --model NAME`, `loading the model`, …), `source` why.
+    #[error("{step}")]
+    Startup {
+        /// The step, as a person reads it.
+        step: String,
+        /// The step's error.
+        #[source]
+        source: Box<LlmError>,
+    },
     /// A tensor operation failed.
     #[error("tensor: {0}")]
     Candle(#[from] candle_core::Error),

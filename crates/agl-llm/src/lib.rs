@@ -16,6 +16,8 @@
 //! * [`sampling`] and [`engine`]: batched sampling with token ids and log-probabilities; the
 //!   in-process [`Engine`] that the gateway and the trainer call.
 //! * [`api`]: the OpenAI-compatible HTTP API over an [`Engine`] (`agl llm serve`).
+//! * [`startup`]: an [`Engine`] started from an [`EngineSpec`] (model, weights, device,
+//!   adapters), as every `agl` command that runs the engine starts it.
 //!
 //! `agl-llm` knows nothing about stores, governance or training loops.
 
@@ -29,6 +31,7 @@ pub mod loader;
 pub mod lora;
 pub mod model;
 pub mod sampling;
+pub mod startup;
 pub mod tokenizer;
 
 pub use engine::{
@@ -40,3 +43,4 @@ pub use loader::{LoadedModel, ModelFiles, WeightFormat, load};
 pub use lora::{LoraAdapter, LoraConfig, Target};
 pub use model::{KvCache, LlamaModel};
 pub use sampling::SamplingParams;
+pub use startup::{EngineSpec, StartedEngine, StartupEvent, start_engine};

@@ -1,12 +1,14 @@
 //! The built-in engine's flags: which model, how its weights are held, where it runs, which
 //! adapters it serves (`agl llm serve`, `agl bench gateway`), and the `--weights` values every
-//! command that loads a model accepts.
+//! command that loads a model accepts; and [`start_engine`], which starts the engine such flags
+//! describe and prints its progress lines.
 //!
-//! Not for starting the engine (the engine start-up) or for the commands whose `--model` help
+//! Not for the start-up itself (`agl_llm::startup`) or for the commands whose `--model` help
 //! says something of their own (`agl eval`, `agl train --agent llm`, `agl bench llm` keep their
 //! field, so that their `--help` stays as it is).
 
 use agl_llm::WeightFormat;
+use agl_llm::startup::{EngineSpec, StartedEngine, StartupEvent};
 use clap::Args;
 
 /// How linear weights are held in memory (`agl_llm::WeightFormat`).
@@ -53,4 +55,34 @@ pub struct EngineArgs {
     /// Most completions decoded in one batch step; more requests wait in a queue.
     #[arg(long, default_value_t = 64)]
     pub max_batch_rows: usize,
+}
+
+impl EngineArgs {
+    /// The engine these flags describe.
+    pub fn spec(&self) -> EngineSpec {
+        EngineSpec {
+            model: self.model.clone(),
+            weights: self.weights.format(),
+            device: self.device.clone(),
+            adapters: self.adapters.clone(),
+            served_model_name: self.served_model_name.clone(),
+            max_batch_rows: self.max_batch_rows,
+        }
+    }
+}
+
+/// Loads the model and its adapters and starts the engine; `who` prefixes the progress lines
+/// on stderr (`{who}: loaded SOURCE as `NAME` in S s`, `{who}: adapter `NAME` from DIR`).
+pub fn start_engine(spec: &EngineSpec, who: &str) -> anyhow::Result<StartedEngine> {
+    let started = agl_llm::start_engine(spec, |event| match event {
+        StartupEvent::Loaded {
+            source,
+            name,
+            seconds,
+        } => eprintln!("{who}: loaded {source} as `{name}` in {seconds:.1} s"),
+        StartupEvent::Adapter { name, dir } => {
+            eprintln!("{who}: adapter `{name}` from {}", dir.display())
+        }
+    })?;
+    Ok(started)
 }

@@ -24,9 +24,8 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::args::engine::EngineArgs;
+use crate::args::engine::{EngineArgs, start_engine};
 use crate::args::gateway::GatewayArgs;
-use crate::cmd::llm::start_engine;
 
 /// Arguments of `agl bench gateway`.
 #[derive(Debug, Args)]
@@ -92,7 +91,7 @@ pub fn run(args: &GatewayBenchArgs) -> anyhow::Result<ExitCode> {
         "--concurrency levels must be at least 1"
     );
     anyhow::ensure!(args.calls >= 1, "--calls must be at least 1");
-    let started = start_engine(&args.engine, "agl bench gateway")?;
+    let started = start_engine(&args.engine.spec(), "agl bench gateway")?;
     let config = args.gateway.config(Upstream::InProcess(started.router()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -408,9 +408,9 @@ fn start_engine(
             .unwrap_or("adapter");
         (format!("{name}-adapter"), dir.display().to_string())
     });
-    let engine_args = crate::args::engine::EngineArgs {
+    let spec = agl_llm::EngineSpec {
         model: args.model.clone(),
-        weights: args.weights,
+        weights: args.weights.format(),
         device: args.device.clone(),
         adapters: adapter
             .iter()
@@ -419,7 +419,7 @@ fn start_engine(
         served_model_name: None,
         max_batch_rows: args.workers.clamp(1, 64),
     };
-    let started = crate::cmd::llm::start_engine(&engine_args, "agl eval")?;
+    let started = crate::args::engine::start_engine(&spec, "agl eval")?;
     let model = adapter.map_or_else(|| started.name.clone(), |(name, _)| name);
     let upstream = agl_server::Upstream::InProcess(started.router());
     Ok((started.engine, upstream, model))

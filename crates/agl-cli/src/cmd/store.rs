@@ -32,9 +32,8 @@ use serde::Serialize;
 
 use agl_server::Upstream;
 
-use crate::args::engine::EngineArgs;
+use crate::args::engine::start_engine;
 use crate::args::gateway::{GatewayArgs, UpstreamArgs};
-use crate::cmd::llm::start_engine;
 use agl_core::semconv;
 
 /// `agl store [OPTIONS]` serves; `agl store inspect PATH` inspects.
@@ -235,15 +234,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let (gateway, llm_note) = match (&args.llm, args.upstream.http()) {
         (Some(model), _) => {
-            let engine_args = EngineArgs {
+            let spec = agl_llm::EngineSpec {
                 model: model.clone(),
-                weights: args.llm_weights,
+                weights: args.llm_weights.format(),
                 device: args.llm_device.clone(),
                 adapters: args.llm_adapters.clone(),
                 served_model_name: None,
                 max_batch_rows: 64,
             };
-            let started = start_engine(&engine_args, "agl store")?;
+            let started = start_engine(&spec, "agl store")?;
             let note = format!(
                 "; LLM gateway: {} in the built-in engine, {}",
                 started.name,

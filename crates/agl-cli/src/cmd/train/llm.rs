@@ -539,15 +539,15 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         ))
     };
 
-    let engine_args = crate::args::engine::EngineArgs {
+    let spec = agl_llm::EngineSpec {
         model: args.model.clone(),
-        weights: crate::args::engine::Weights::Dense,
+        weights: agl_llm::WeightFormat::Dense,
         device: args.device.clone(),
         adapters: Vec::new(),
         served_model_name: None,
         max_batch_rows: (shared.workers * args.max_turns.max(1)).clamp(8, 64),
     };
-    let started_engine = crate::cmd::llm::start_engine(&engine_args, "agl train")?;
+    let started_engine = crate::args::engine::start_engine(&spec, "agl train")?;
     let engine = started_engine.engine.clone();
     let base_name = started_engine.name.clone();
     let upstream = || agl_server::Upstream::InProcess(started_engine.router());
