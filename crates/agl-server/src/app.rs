@@ -87,6 +87,7 @@ async fn call<T>(
         Err(StoreError::Invalid(_)) => "Invalid",
         Err(StoreError::Closed) => "Closed",
         Err(StoreError::Backend(_)) => "Backend",
+        Err(StoreError::Open { .. }) => "Open",
     };
     state.metrics.store(method, status, started.elapsed());
     result.map_err(ApiError::from)

@@ -247,6 +247,7 @@ impl From<StoreError> for ApiError {
             StoreError::Backend(msg) => {
                 ApiError::new(ErrorCode::Internal, format!("store backend failure: {msg}"))
             }
+            e @ StoreError::Open { .. } => ApiError::new(ErrorCode::Internal, e.to_string()),
         }
     }
 }

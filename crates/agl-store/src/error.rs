@@ -66,9 +66,27 @@ pub enum StoreError {
     /// A failure inside the backend (database, I/O, transport), with its message.
     #[error("store backend failure: {0}")]
     Backend(String),
+    /// Opening a store from its address failed (see [`crate::address`]): `what` names the
+    /// store (passwords redacted), `source` says why.
+    #[error("{what}")]
+    Open {
+        /// The store, e.g. `opening the SQLite store runs/store.db`.
+        what: String,
+        /// The backend's error.
+        #[source]
+        source: Box<StoreError>,
+    },
 }
 
 impl StoreError {
+    /// Wraps an error of opening the store `what` names into [`StoreError::Open`].
+    pub fn opening(what: impl Into<String>) -> impl FnOnce(StoreError) -> StoreError {
+        move |source| StoreError::Open {
+            what: what.into(),
+            source: Box::new(source),
+        }
+    }
+
     /// Shorthand for a missing rollout.
     pub fn rollout_not_found(id: &str) -> Self {
         StoreError::NotFound {

@@ -8,9 +8,11 @@
 //! ([`SqliteLightningStore`]: WAL, versioned schema, one writer thread with group commit), the
 //! PostgreSQL backend behind the `postgres` feature (`postgres::PostgresLightningStore`: one
 //! store per partition, shared by any number of servers),
-//! benchmark workloads ([`workload`]) and, behind the `conformance` feature, the test suite
+//! opening a store from its address (`memory`, a SQLite path, a `postgres://` URL:
+//! [`address`]), benchmark workloads ([`workload`]) and, behind the `conformance` feature, the test suite
 //! every backend runs. Not responsible for HTTP, OTLP or governance; those are other crates.
 
+pub mod address;
 pub mod error;
 pub mod lifecycle;
 pub mod memory;

@@ -91,7 +91,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::cmd::store::redacted;
+use agl_store::address::redacted;
 
 /// Worker threads of the in-process server's runtime.
 const SERVER_WORKER_THREADS: usize = 2;

@@ -1,5 +1,5 @@
-//! `agl store …`: serving a store over HTTP (`agl store [--db PATH]`), opening a store from a
-//! command-line spec, and `agl store inspect PATH|URL`.
+//! `agl store …`: serving a store over HTTP (`agl store [--db PATH]`) and `agl store inspect
+//! PATH|URL`. Not for parsing or opening store addresses (`agl_store::address`).
 //!
 //! `agl store` runs the Agent Lightning v0.3.0-compatible server of `agl_server` (REST under
 //! `/v1/agl`, OTLP at `/v1/traces`, Prometheus at `/metrics`) over the in-memory backend, or
@@ -7,9 +7,10 @@
 //! in-flight requests and closes the database. It prints `agl store listening on URL` on
 //! stdout once it accepts connections.
 //!
-//! A store spec is `memory` (the in-memory backend, lost at exit), the path of a SQLite
+//! A store address is `memory` (the in-memory backend, lost at exit), the path of a SQLite
 //! database (created if missing, durable; see `agl_store::sqlite`) or a PostgreSQL URL with an
-//! optional `partition` (see `agl_store::postgres`). `inspect` opens an existing SQLite
+//! optional `partition` (see `agl_store::postgres`); `agl_store::address` opens and redacts
+//! them. `inspect` opens an existing SQLite
 //! database or PostgreSQL partition and prints counts by status, the rewards and governance
 //! violations found in the spans, and the last rollouts. It never creates a file or a
 //! partition, never migrates a SQLite schema, and the watchdog is off (no lazy scan, no
@@ -21,7 +22,8 @@ use std::sync::Arc;
 
 use agl_core::{AnyRollout, AttributeValue, Span, find_final_reward};
 use agl_server::ServerConfig;
-use agl_store::postgres::{PostgresLightningStore, PostgresOptions, PostgresUrl, is_postgres_url};
+use agl_store::address::{is_postgres_address, open_postgres, redacted};
+use agl_store::postgres::PostgresOptions;
 use agl_store::{
     InMemoryLightningStore, LightningStore, RolloutQuery, Sort, SqliteLightningStore,
     SqliteOptions, Window,
@@ -140,56 +142,6 @@ impl StoreArgs {
     }
 }
 
-/// Opens the store named by a `--store` spec on `rt`: `memory`, a PostgreSQL URL, or a
-/// SQLite database path.
-pub fn open_store(
-    spec: &str,
-    rt: &tokio::runtime::Runtime,
-) -> anyhow::Result<Arc<dyn LightningStore>> {
-    if spec == "memory" {
-        let _runtime = rt.enter();
-        return Ok(Arc::new(InMemoryLightningStore::new()));
-    }
-    if is_postgres_url(spec) {
-        let store = rt.block_on(open_postgres(spec, PostgresOptions::default()))?;
-        return Ok(Arc::new(store));
-    }
-    let _runtime = rt.enter();
-    let store = SqliteLightningStore::open(spec)
-        .with_context(|| format!("opening the SQLite store {spec}"))?;
-    Ok(Arc::new(store))
-}
-
-/// A store URL as it may be shown: the password, if any, replaced by `***`.
-pub fn redacted(spec: &str) -> String {
-    let Some((scheme, rest)) = spec.split_once("://") else {
-        return spec.to_string();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => spec.to_string(),
-        },
-        None => spec.to_string(),
-    }
-}
-
-/// Opens the PostgreSQL store at `spec` (a URL with an optional `partition`).
-pub async fn open_postgres(
-    spec: &str,
-    options: PostgresOptions,
-) -> anyhow::Result<PostgresLightningStore> {
-    let shown = redacted(spec);
-    let url: PostgresUrl = spec
-        .parse()
-        .with_context(|| format!("the store URL {shown}"))?;
-    PostgresLightningStore::open(&url, options)
-        .await
-        .with_context(|| format!("opening the PostgreSQL store {shown}"))
-}
-
 /// Runs `agl store`: the server, or a subcommand.
 pub fn run(args: StoreArgs) -> anyhow::Result<ExitCode> {
     match args.command {
@@ -223,7 +175,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.validate()?;
     if let (true, Some(spec)) = (args.read_only, &args.db) {
         anyhow::ensure!(
-            !is_postgres_url(spec),
+            !is_postgres_address(spec),
             "--read-only serves a SQLite file; a PostgreSQL store is served by ordinary servers \
              (give read-only users a PostgreSQL role without write grants instead)"
         );
@@ -264,7 +216,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     rt.block_on(async {
         let store: Arc<dyn LightningStore> = match &args.db {
-            Some(spec) if is_postgres_url(spec) => {
+            Some(spec) if is_postgres_address(spec) => {
                 let options = PostgresOptions {
                     scan_debounce_seconds: args.scan_debounce,
                     ..PostgresOptions::default()
@@ -297,7 +249,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )),
         };
         let backend = args.db.as_ref().map_or("memory".to_string(), |p| {
-            if is_postgres_url(p) {
+            if is_postgres_address(p) {
                 return format!("PostgreSQL {}", redacted(p));
             }
             let mode = if args.read_only { ", read-only" } else { "" };
@@ -390,7 +342,7 @@ fn open_to_inspect(
     spec: &str,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<(Arc<dyn LightningStore>, String, Option<u64>)> {
-    if is_postgres_url(spec) {
+    if is_postgres_address(spec) {
         let options = PostgresOptions {
             sweep_interval: None,
             scan_debounce_seconds: f64::INFINITY,
@@ -614,16 +566,6 @@ mod tests {
             "falls back to one per violation annotation"
         );
         assert_eq!(s.reward, None);
-    }
-
-    #[test]
-    fn redacted_hides_only_the_password() {
-        assert_eq!(
-            redacted("postgres://u:p@ss@h:1/db?x=1"),
-            "postgres://u:***@h:1/db?x=1"
-        );
-        assert_eq!(redacted("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redacted("postgres://h/db"), "postgres://h/db");
     }
 
     #[test]

@@ -35,7 +35,7 @@ impl std::fmt::Debug for PostgresUrl {
 
 /// Whether `spec` names a PostgreSQL store (`postgres://` or `postgresql://`).
 pub fn is_postgres_url(spec: &str) -> bool {
-    spec.starts_with("postgres://") || spec.starts_with("postgresql://")
+    crate::address::is_postgres_address(spec)
 }
 
 impl FromStr for PostgresUrl {

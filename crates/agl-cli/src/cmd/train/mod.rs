@@ -453,7 +453,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 (Arc::new(client), None)
             }
             None => {
-                let store = crate::cmd::store::open_store(&args.store, &rt)?;
+                let store = rt.block_on(agl_store::address::open(&args.store))?;
                 let server = if args.runner_processes > 0 {
                     let config = agl_server::ServerConfig {
                         port: 0,
