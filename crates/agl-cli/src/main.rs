@@ -1,5 +1,12 @@
 //! `agl`: the command line of agl. Thin: it parses arguments, wires the library crates, prints
 //! tables and writes files. All behaviour lives in the libraries.
+//!
+//! This file holds the top-level [`Cli`], the dispatch to the commands and the process-wide
+//! set-up (allocator, thread count, logging, one-line errors and exit codes). Not for any
+//! command's flags or work: those live in `cmd/` (one module per command, none importing
+//! another), with the flag groups several commands share in `args/`, the benchmarks in
+//! `bench/`, output helpers in `out/`, kernel building in `kernel`, the store client in
+//! `remote` and the LLM agent's rollout staging in `llm_stage`.
 
 mod args;
 mod bench;

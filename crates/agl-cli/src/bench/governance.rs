@@ -17,6 +17,9 @@
 //! on one thread and without the rest of training competing for the CPU — with the first
 //! sight of each distinct action and the repeats also summarised apart (their checks/s over
 //! the time their own checks took).
+//!
+//! Responsible for measuring and printing; not for the `agl bench` dispatch (`cmd::bench`) or
+//! the kernels themselves (`agl_gov`; built here through [`crate::kernel`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -13,6 +13,9 @@
 //!
 //! Every decode ignores the end-of-sequence token so that each run generates exactly
 //! `--decode-tokens` tokens per row.
+//!
+//! Responsible for measuring and printing; not for the engine (`agl-llm`) or the `agl bench`
+//! dispatch (`cmd::bench`). Nothing is asserted.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

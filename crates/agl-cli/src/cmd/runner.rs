@@ -10,6 +10,9 @@
 //! A runner that dies mid-rollout leaves its attempt without heartbeat; with the
 //! `unresponsive_seconds` that `agl train` sets on remote rollouts, the store marks it
 //! `unresponsive` and requeues the rollout for another runner.
+//!
+//! Responsible for the command line and the wiring; not for the runner loop
+//! (`agl_spider`, `agl_train`) or the HTTP client ([`crate::remote`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
