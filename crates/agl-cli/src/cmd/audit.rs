@@ -255,7 +255,7 @@ fn kv_int(key: &str, v: u64) -> Value {
 }
 
 /// One OTLP/JSON span for one entry (lowerCamelCase fields, ids as hex, int64 as strings).
-/// traceId: first 16 bytes of SHA-256(rollout_id), or of SHA-256("seq:<seq>") without a
+/// traceId: first 16 bytes of SHA-256(rollout_id), or of SHA-256(`"seq:<seq>"`) without a
 /// rollout id; spanId: the seq as 16 hex digits.
 pub fn otlp_span(e: &RecordEntry) -> Value {
     let trace_id = match &e.rollout_id {

@@ -410,7 +410,7 @@ fn read_state(dir: &Path) -> anyhow::Result<TrainerState> {
 }
 
 /// Writes `adapter` and `state` into `dir` atomically
-/// ([`agl_spider::scorer::checkpoint::write_dir_atomically`], the scorer checkpoints' mechanism).
+/// ([`agl_train::checkpoint::write_dir_atomically`], the mechanism of every checkpoint).
 fn save_checkpoint(dir: &Path, adapter: &LoraAdapter, state: &TrainerState) -> anyhow::Result<()> {
     let root = dir.parent().unwrap_or(Path::new("."));
     let name = dir
