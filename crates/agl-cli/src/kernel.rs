@@ -2,14 +2,14 @@
 //! policy file declares, with a flight recorder attached when asked, and the table row counts
 //! its cost policy prices.
 //!
-//! Not for what a kernel checks (`agl_gov`) or for the kernels the training libraries build
-//! inside themselves.
+//! Not for what a kernel checks (`agl_gov`) or for the kernel of a prepared Spider task (its
+//! table statistics and check cache), which `agl_spider::build_kernel` builds.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use agl_gov::{BuildEnv, FlightRecorder, GovError, GovernanceMode, Kernel, PolicyFile, TableStats};
-use agl_spider::{Question, SpiderDataset, SpiderTask, db_info};
+use agl_gov::{BuildEnv, FlightRecorder, GovError, Kernel, PolicyFile, TableStats};
+use agl_spider::{Question, SpiderDataset, db_info};
 
 /// The kernel `policy` declares for `env`, sharing `recorder` when one is given.
 pub fn build_kernel(
@@ -51,21 +51,4 @@ pub fn table_stats<'a>(
         }
     }
     Ok(stats)
-}
-
-/// The kernel of a Spider task in `mode`: `policy` priced with the task's table row counts and
-/// sharing its check cache, with `recorder` when one is given (the scorer's runners, `agl
-/// train`, `agl runner`, `agl eval --agent scorer`).
-pub fn task_kernel(
-    task: &SpiderTask,
-    policy: &PolicyFile,
-    mode: GovernanceMode,
-    recorder: Option<Arc<FlightRecorder>>,
-) -> Result<Kernel, GovError> {
-    let env = BuildEnv {
-        table_stats: task.table_stats.clone(),
-        mode: Some(mode),
-        check_cache: Some(task.check_cache.clone()),
-    };
-    build_kernel(policy, &env, recorder)
 }

@@ -81,10 +81,8 @@ pub const LEGACY_REWARD: &str = "reward";
 
 /// agl's own span attributes and keys (`agl.*`). Every name agl writes or reads under its own
 /// prefix is a constant here, so a misspelt name is a compile error, not a silent zero in a
-/// reward or a violation count.
+/// reward or a violation count. (`agl.source`, who wrote a span, is [`SOURCE_ATTR`].)
 pub mod agl {
-    /// Who wrote a span (string): [`super::SOURCE_GATEWAY`] for the LLM gateway's spans.
-    pub const SOURCE: &str = super::SOURCE_ATTR;
     /// The SQL statement an action span ran or was refused (string).
     pub const SQL: &str = "agl.sql";
     /// The database (Spider `db_id`) an SQL action ran against (string).

@@ -76,12 +76,6 @@ use crate::error::TrainError;
 const PAGE_SIZE: usize = 1000;
 /// Maximum length of `agent_os.tool_args`, in characters (as Python).
 const TOOL_ARGS_MAX_CHARS: usize = 1000;
-/// Span name of a policy-check span.
-const POLICY_CHECK: &str = semconv::agent_os::POLICY_CHECK_SPAN;
-/// Span name of a tool-call span.
-const TOOL_CALL: &str = semconv::agent_os::TOOL_CALL_SPAN;
-/// Span name of a signal span.
-const SIGNAL: &str = semconv::agent_os::SIGNAL_SPAN;
 
 /// Python's `LightningSpan` (`GOV:emitter.py:24-55`), kept as a **compatibility export format**
 /// for files and external telemetry. It is **not** an Agent Lightning span: it has no rollout,
@@ -871,7 +865,7 @@ impl FlightRecorderEmitter {
             parts.push(Part {
                 span_id: seq.to_string(),
                 sub: 0,
-                name: POLICY_CHECK,
+                name: semconv::agent_os::POLICY_CHECK_SPAN,
                 attrs,
             });
         }
@@ -891,7 +885,7 @@ impl FlightRecorderEmitter {
             parts.push(Part {
                 span_id: format!("{seq}.tool"),
                 sub: 1,
-                name: TOOL_CALL,
+                name: semconv::agent_os::TOOL_CALL_SPAN,
                 attrs,
             });
         }
@@ -914,7 +908,7 @@ impl FlightRecorderEmitter {
                 parts.push(Part {
                     span_id: format!("{seq}.signal.{i}"),
                     sub: 2 + i as u64,
-                    name: SIGNAL,
+                    name: semconv::agent_os::SIGNAL_SPAN,
                     attrs,
                 });
             }
@@ -980,7 +974,12 @@ mod tests {
 
     #[test]
     fn serde_form_equals_to_dict_and_round_trips() {
-        let mut s = LightningSpan::new("1", "agentos-a", POLICY_CHECK, Utc::now());
+        let mut s = LightningSpan::new(
+            "1",
+            "agentos-a",
+            semconv::agent_os::POLICY_CHECK_SPAN,
+            Utc::now(),
+        );
         s.end_time = Some(s.start_time);
         s.attributes.insert("agent_os.seq".into(), json!(1));
         let v = serde_json::to_value(&s).unwrap();
@@ -1032,7 +1031,10 @@ mod tests {
             EmitterConfig::default(),
         );
         let spans = e.spans().unwrap();
-        let tool = spans.iter().find(|s| s.name == TOOL_CALL).unwrap();
+        let tool = spans
+            .iter()
+            .find(|s| s.name == semconv::agent_os::TOOL_CALL_SPAN)
+            .unwrap();
         assert_eq!(tool.span_id, "1.tool");
         let args = tool.attributes["agent_os.tool_args"].as_str().unwrap();
         assert_eq!(args.chars().count(), 1000);
@@ -1095,7 +1097,7 @@ mod tests {
             .spans()
             .unwrap()
             .into_iter()
-            .filter(|s| s.name == SIGNAL)
+            .filter(|s| s.name == semconv::agent_os::SIGNAL_SPAN)
             .collect();
         assert_eq!(signals.len(), 4);
         assert_eq!(signals[0].span_id, "1.signal.0");

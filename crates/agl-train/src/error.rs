@@ -44,9 +44,6 @@ pub enum TrainError {
     /// the kernel failed during a step.
     #[error("{0}")]
     Runner(String),
-    /// A runner worker stopped unexpectedly.
-    #[error("runner worker failed: {0}")]
-    Worker(String),
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {
@@ -54,15 +51,6 @@ pub enum TrainError {
         path: std::path::PathBuf,
         /// The underlying error.
         source: std::io::Error,
-    },
-    /// A checkpoint could not be written or read; names the directory or file and what is
-    /// wrong.
-    #[error("{path}: {message}")]
-    Checkpoint {
-        /// The checkpoint directory or the file in it.
-        path: std::path::PathBuf,
-        /// What was wrong, naming the field or tensor.
-        message: String,
     },
     /// A span→triplet adapter pattern (`llm_call_match`, `agent_match`, or the CLI flag named)
     /// is not a valid regular expression.

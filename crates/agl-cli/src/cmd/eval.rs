@@ -586,7 +586,7 @@ fn run_scorer(
         !task.items(args.split).is_empty(),
         "no usable questions selected (their gold queries fail to execute)"
     );
-    let kernel = Arc::new(crate::kernel::task_kernel(
+    let kernel = Arc::new(agl_spider::build_kernel(
         &task,
         policy,
         GovernanceMode::Enforce,

@@ -159,7 +159,7 @@ impl RunnerResolver for ResourceRunners {
                 None => {
                     let policy = PolicyFile::resolve(&spec.policy)?;
                     let runner = |mode: TrainingMode| -> Result<Arc<SpiderRunner>, SpiderError> {
-                        let k = crate::kernel::task_kernel(
+                        let k = agl_spider::build_kernel(
                             &task,
                             &policy,
                             mode.kernel_mode(),

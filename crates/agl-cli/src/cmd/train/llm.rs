@@ -933,11 +933,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             seconds,
         };
         let json = serde_json::to_vec_pretty(&report)?;
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        crate::out::files::write_file(path, &json, None)?;
         eprintln!("report written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

@@ -506,7 +506,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let modes = args.modes();
-    let eval_kernel = Arc::new(crate::kernel::task_kernel(
+    let eval_kernel = Arc::new(agl_spider::build_kernel(
         &task,
         &policy,
         GovernanceMode::Enforce,
@@ -528,7 +528,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         let mut runs: Vec<(TrainingMode, RunReport)> = Vec::new();
         let mut untrained = None;
         for mode in &modes {
-            let kernel = Arc::new(crate::kernel::task_kernel(
+            let kernel = Arc::new(agl_spider::build_kernel(
                 &task,
                 &policy,
                 mode.kernel_mode(),
