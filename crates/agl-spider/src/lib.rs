@@ -18,7 +18,9 @@
 //! * the multi-step Gymnasium-style task [`SpiderEnv`] for [`agl_train::GovernedEnvironment`];
 //! * the **SQL-writing LLM agent** ([`LlmSqlAgent`]): Agent Lightning's Spider agent (write →
 //!   execute → check → rewrite) over any OpenAI-compatible endpoint, every statement governed,
-//!   with its reward ([`sql_agent_reward`]) and evaluation rows ([`SqlEvalRow`]).
+//!   with its reward ([`sql_agent_reward`]) and evaluation rows ([`SqlEvalRow`]), and what it
+//!   is as a GRPO task for `agl-train`'s LLM loop ([`llm_train`]: curriculum, dev subset,
+//!   judgement, curve points and the run's report).
 //!
 //! Not for anything another task could use: runners, rewards, adapters, GRPO maths and the
 //! LLM learner are `agl-train`'s; the governance kernel is `agl-gov`'s.
@@ -35,6 +37,7 @@ mod error;
 mod eval;
 mod executor;
 mod linking;
+pub mod llm_train;
 pub mod prompts;
 mod schema;
 pub mod scorer;
@@ -53,6 +56,10 @@ pub use executor::{
     Execution, Executor, ExecutorConfig, MAX_RESULT_ROWS, ResultSet, SqliteLimits, Value,
 };
 pub use linking::{schema_items, schema_linking, schema_names};
+pub use llm_train::{
+    Curriculum, LlmCurvePoint, LlmDataReport, LlmReport, LlmReportConfig, LlmRun, LlmUntrained,
+    SqlStep, dev_questions, is_easy, train_questions,
+};
 pub use schema::{DbInfo, TableInfo, db_info};
 pub use scorer::{
     Assignment, Checkpoint, CheckpointConfig, CheckpointPlan, CurvePoint, EvalStats, FEATURE_DIM,

@@ -21,6 +21,12 @@
 //! and [`clip_grad_norm`] are the GRPO maths every learner shares; [`checkpoint`] writes a
 //! checkpoint directory atomically.
 //!
+//! [`LlmLoop`] is the loop that drives it through a store for any agent and task: batches of
+//! rollouts ([`run_batch`] over a [`RunnerPool`], e.g. [`InProcessRunners`]), triplets,
+//! advantages, one update per step, the next adapter version published through
+//! [`PolicyServing`] (the serving side, implemented where the engine and gateway are wired),
+//! checkpoints ([`save_checkpoint`], [`TrainerState`]) and progress ([`LoopObserver`]).
+//!
 //! [`TracerTraceToTriplet`] is Agent Lightning's span→triplet adapter over LLM-call spans (one
 //! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
 //! and reports them in a [`TripletReport`].
@@ -35,7 +41,9 @@ pub mod environment;
 pub mod error;
 pub mod grpo;
 pub mod llm_grpo;
+pub mod llm_loop;
 pub mod reward;
+pub mod rollout_batch;
 pub mod runner;
 pub mod tracer_adapter;
 pub mod training_mode;
@@ -55,9 +63,16 @@ pub use grpo::{clip_grad_norm, group_advantages};
 pub use llm_grpo::{
     LlmGrpo, LlmGrpoConfig, LlmStepStats, TokenSample, assign_advantages, samples_from_triplets,
 };
+pub use llm_loop::{
+    Judged, LlmLoop, LlmLoopConfig, LoopObserver, PolicyServing, StepOutcome, StepStats,
+    TRAINER_STATE, TrainerState, policy_version, save_checkpoint,
+};
 pub use reward::{
     BaseRewardFn, CompositeReward, PolicyReward, RewardBreakdown, RewardComponent, RewardConfig,
     RewardStats, create_policy_reward, policy_penalty,
+};
+pub use rollout_batch::{
+    BatchPlan, DEFAULT_LLM_RESOURCE, FinishedRollout, InProcessRunners, RunnerPool, run_batch,
 };
 pub use runner::{
     Agent, AgentError, Annotation, Approved, CancellationToken, GovernedRunner, HEARTBEAT_KEY,

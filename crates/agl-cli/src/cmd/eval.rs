@@ -47,10 +47,11 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::args::engine::Weights;
-use crate::llm_stage::{BatchPlan, LlmStage};
+use crate::llm_stage::LlmStage;
 use crate::out::files::write_file;
 use crate::out::progress::progress_bar;
 use agl_core::semconv;
+use agl_train::BatchPlan;
 
 /// Which agent `agl eval` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -461,7 +462,7 @@ fn run_llm(
             max_tokens: args.max_tokens,
             temperature: args.temperature as f32,
             request_timeout: Duration::from_secs_f64(args.request_timeout),
-            llm_resource: Some("main_llm".into()),
+            llm_resource: Some(agl_train::DEFAULT_LLM_RESOURCE.into()),
             executor: ExecutorConfig {
                 timeout: Duration::from_secs_f64(args.sql_timeout),
             },
@@ -481,6 +482,8 @@ fn run_llm(
         .await?;
         let plan = BatchPlan {
             resources_id: "agl-eval".into(),
+            llm_resource: agl_train::DEFAULT_LLM_RESOURCE.into(),
+            endpoint: stage.endpoint(),
             model: model.clone(),
             temperature: args.temperature,
             max_tokens: args.max_tokens,
@@ -505,7 +508,7 @@ fn run_llm(
         bar.finish_and_clear();
         stage.shutdown().await?;
         let (finished, seconds) = outcome?;
-        let rows: Vec<SqlEvalRow> = finished.into_iter().map(|f| f.row).collect();
+        let rows: Vec<SqlEvalRow> = finished.into_iter().map(|(_, row)| row).collect();
         Ok::<_, anyhow::Error>((rows, seconds))
     });
     if let Some(engine) = engine {

@@ -1,0 +1,452 @@
+//! The LLM GRPO loop through a store, for any agent and any task (the repository's DESIGN, "The
+//! LLM path").
+//!
+//! [`LlmLoop::run`] does, for each step `s` from [`LlmLoopConfig::start_step`]:
+//! 1. takes the next [`LlmLoopConfig::tasks_per_step`] tasks (in the order given, wrapping
+//!    around) and runs each [`LlmLoopConfig::group_size`] times as `train` rollouts
+//!    ([`run_batch`]) whose `proxy_llm` resource names the adapter version being served
+//!    (`policy-vN`, [`policy_version`]; version 0 is the base model) at the serving side's
+//!    endpoint ([`PolicyServing`]);
+//! 2. judges each rollout (the caller's [`Judged`]: final reward and violation count);
+//!    `screen` mode drops flagged rollouts from their group ([`TrainingMode::in_gradient`]);
+//! 3. turns each rollout's LLM calls into triplets ([`TracerTraceToTriplet`]); calls answered
+//!    by another adapter version than the one being trained are dropped and counted as stale
+//!    (never importance-weighted: the loop is synchronous, so none is expected); calls without
+//!    token ids are refused and counted;
+//! 4. builds multi-turn samples, group-relative advantages (a group is one task's G rollouts)
+//!    and does one LoRA GRPO update ([`LlmGrpo::step`]);
+//! 5. publishes the new adapter as `policy-v{s+1}`, retires the old one, and every
+//!    [`LlmLoopConfig::checkpoint_every`] steps saves `step-{s+1}/`; after the last step it
+//!    saves `final/` ([`save_checkpoint`]: the adapter in PEFT's layout and
+//!    `trainer_state.json`, written into a temporary directory and renamed).
+//!
+//! Progress goes to a [`LoopObserver`] (each finished rollout, each step's [`StepOutcome`]).
+//!
+//! Responsible for the loop, its per-step statistics and the checkpoint format; not for the
+//! agent, the task's meaning of a rollout (the judge), the server that hosts the endpoint, the
+//! engine (behind [`PolicyServing`]) or the report.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use agl_core::{Attempt, AttributeValue, Rollout, RolloutMode, semconv};
+use agl_llm::LoraAdapter;
+use agl_store::LightningStore;
+use serde::{Deserialize, Serialize};
+
+use crate::rollout_batch::{BatchPlan, FinishedRollout, RunnerPool, run_batch};
+use crate::{
+    LlmGrpo, LlmGrpoConfig, LlmStepStats, TracerTraceToTriplet, TrainError, TrainingMode,
+    assign_advantages, samples_from_triplets,
+};
+
+/// What the loop needs from the side that serves the policy: where the agents' calls go, and
+/// which adapter version answers them.
+pub trait PolicyServing: Send + Sync {
+    /// The model name that answers with the base weights (version 0).
+    fn base_model(&self) -> String;
+    /// The OpenAI-compatible base URL (ending in `/v1`) the agents' `proxy_llm` names.
+    fn endpoint(&self) -> String;
+    /// Serves `adapter` under the model name `name` from now on (a copy: training goes on).
+    ///
+    /// # Errors
+    /// The serving side's refusal (for example a name already taken by the base model).
+    fn publish(&self, name: &str, adapter: &LoraAdapter) -> Result<(), TrainError>;
+    /// Stops serving the adapter `name` (nothing when it is not served).
+    fn retire(&self, name: &str);
+}
+
+/// The model name of adapter version `n` (`policy-vN`).
+pub fn policy_version(n: usize) -> String {
+    format!("policy-v{n}")
+}
+
+/// The file name of the trainer's state in a checkpoint directory.
+pub const TRAINER_STATE: &str = "trainer_state.json";
+
+/// `trainer_state.json` of an LLM checkpoint. JSON fields as named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerState {
+    /// Updates done.
+    pub step: usize,
+    /// The run's seed.
+    pub seed: u64,
+    /// Training mode of the run (`audit`, `shield`, `screen`, `enforce`).
+    pub governance: TrainingMode,
+    /// The base model (as the user named it).
+    pub model: String,
+    /// LoRA rank.
+    pub lora_rank: usize,
+    /// LoRA alpha.
+    pub lora_alpha: f64,
+    /// Wrapped modules.
+    pub lora_targets: Vec<String>,
+    /// The GRPO settings.
+    pub grpo: LlmGrpoConfig,
+    /// Tasks per step.
+    pub tasks_per_step: usize,
+    /// G.
+    pub group_size: usize,
+}
+
+impl TrainerState {
+    /// Reads `dir/trainer_state.json`.
+    ///
+    /// # Errors
+    /// [`TrainError::Io`] when it cannot be read; [`TrainError::Config`] when it is malformed
+    /// (naming the file and serde's message, e.g. an unknown field).
+    pub fn read(dir: &Path) -> Result<Self, TrainError> {
+        let path = dir.join(TRAINER_STATE);
+        let text = std::fs::read_to_string(&path).map_err(|source| TrainError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| TrainError::Config(format!("{}: malformed: {e}", path.display())))
+    }
+}
+
+/// Writes `adapter` (PEFT's layout) and `state` into `dir` atomically
+/// ([`crate::checkpoint::write_dir_atomically`], the mechanism of every checkpoint).
+///
+/// # Errors
+/// [`TrainError::Config`] when `dir` has no usable final component; file and adapter errors.
+pub fn save_checkpoint(
+    dir: &Path,
+    adapter: &LoraAdapter,
+    state: &TrainerState,
+) -> Result<(), TrainError> {
+    let root = dir.parent().unwrap_or(Path::new("."));
+    let name = dir.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        TrainError::Config(format!(
+            "{}: not a checkpoint directory name",
+            dir.display()
+        ))
+    })?;
+    let json = serde_json::to_vec_pretty(state)
+        .map_err(|e| TrainError::Config(format!("trainer state: {e}")))?;
+    crate::checkpoint::write_dir_atomically(root, name, |tmp| {
+        adapter.save(tmp)?;
+        let path = tmp.join(TRAINER_STATE);
+        std::fs::write(&path, &json).map_err(|source| TrainError::Io { path, source })
+    })?;
+    Ok(())
+}
+
+/// What a rollout means for training, as the task judges it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Judged {
+    /// Final reward (the algorithm's signal; a rollout without one counts 0).
+    pub reward: f64,
+    /// Violations the rollout had (`screen` drops the rollout when non-zero).
+    pub violations: usize,
+}
+
+/// The loop's settings.
+#[derive(Debug, Clone)]
+pub struct LlmLoopConfig {
+    /// Steps to reach (the loop runs `start_step..steps`).
+    pub steps: usize,
+    /// Steps already done (a resumed run).
+    pub start_step: usize,
+    /// Tasks per step; each is run `group_size` times.
+    pub tasks_per_step: usize,
+    /// G: rollouts per task (at least 2; advantages are group-relative).
+    pub group_size: usize,
+    /// Sampling temperature of training rollouts (> 0).
+    pub temperature: f64,
+    /// Most new tokens per model call.
+    pub max_tokens: u32,
+    /// Concurrent runner workers.
+    pub workers: usize,
+    /// Training mode (decides who is in the gradient; the kernel and reward are the pool's).
+    pub mode: TrainingMode,
+    /// Prefix of each step's resources id (`{prefix}-v{step}`).
+    pub resources_prefix: String,
+    /// The LLM resource's name in the published set.
+    pub llm_resource: String,
+    /// Where checkpoints go (`step-N/`, `final/`); `None` saves none.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Save `step-N/` every N steps (besides `final/`).
+    pub checkpoint_every: Option<usize>,
+}
+
+/// What one step did (seconds; counts of rollouts, groups and calls).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StepStats {
+    /// Updates done after this step, from 1.
+    pub step: usize,
+    /// Groups whose rewards were not all equal (they carry gradient).
+    pub informative_groups: usize,
+    /// Calls refused for training (no token ids or log-probabilities).
+    pub refused_calls: usize,
+    /// Calls dropped because another adapter version answered them.
+    pub stale_calls: usize,
+    /// Flagged rollouts dropped from the gradient (`screen` mode; 0 otherwise).
+    pub screened: usize,
+    /// Seconds of the rollout phase (from the first enqueue to the last finish).
+    pub rollout_seconds: f64,
+    /// Seconds the engine spent answering the step's calls, summed over calls
+    /// (`agl.latency_s` of the gateway spans; concurrent calls overlap).
+    pub llm_call_seconds: f64,
+    /// What the update did.
+    pub update: LlmStepStats,
+    /// Seconds of the whole step (rollouts, update, publishing, checkpoint).
+    pub step_seconds: f64,
+}
+
+/// One step, as the observer sees it.
+#[derive(Debug)]
+pub struct StepOutcome<'a> {
+    /// The step's rollouts in enqueue order (G consecutive ones per task).
+    pub finished: &'a [FinishedRollout],
+    /// Their judgements, in the same order.
+    pub judged: &'a [Judged],
+    /// What the step did.
+    pub stats: StepStats,
+}
+
+/// Told the loop's progress; every method does nothing by default.
+pub trait LoopObserver {
+    /// A rollout finished (its latest attempt; spans are read at the end of the batch).
+    fn rollout_done(&mut self, _rollout: &Rollout, _attempt: Option<&Attempt>) {}
+    /// A step finished.
+    ///
+    /// # Errors
+    /// Whatever stops the run (returned by [`LlmLoop::run`]).
+    fn step_done(&mut self, _outcome: &StepOutcome<'_>) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// The loop's parts (see the module docs).
+pub struct LlmLoop<'a, T> {
+    /// Settings.
+    pub config: LlmLoopConfig,
+    /// Where rollouts are enqueued and spans read.
+    pub store: &'a Arc<dyn LightningStore>,
+    /// Who serves the queue.
+    pub runners: &'a dyn RunnerPool,
+    /// The serving side.
+    pub serving: &'a dyn PolicyServing,
+    /// The span→triplet adapter (`agent_match` picks the trained calls).
+    pub triplets: &'a TracerTraceToTriplet,
+    /// The training tasks, in the order they are taken.
+    pub tasks: &'a [T],
+    /// What each rollout means for training.
+    pub judge: &'a (dyn Fn(&FinishedRollout) -> Judged + Sync),
+}
+
+impl<T: Serialize + Clone> LlmLoop<'_, T> {
+    /// Runs the loop (see the module docs) and returns the model name serving the final
+    /// adapter (the caller evaluates with it and retires it). `state` is the checkpoints'
+    /// `trainer_state.json` (its `step` is set per checkpoint).
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] for an empty task list or a group size under 2; batch, adapter,
+    /// update, serving, checkpoint and observer errors.
+    pub async fn run(
+        &self,
+        grpo: &mut LlmGrpo,
+        state: &TrainerState,
+        observer: &mut dyn LoopObserver,
+    ) -> Result<String, TrainError> {
+        let c = &self.config;
+        if self.tasks.is_empty() {
+            return Err(TrainError::Config("no training tasks".into()));
+        }
+        if c.group_size < 2 {
+            return Err(TrainError::Config(
+                "group_size must be at least 2 (advantages are group-relative)".into(),
+            ));
+        }
+        let base = self.serving.base_model();
+        let mut served = if c.start_step == 0 {
+            base.clone()
+        } else {
+            let name = policy_version(c.start_step);
+            self.serving.publish(&name, grpo.adapter())?;
+            name
+        };
+        let checkpoint = |dir: &Path, grpo: &LlmGrpo, step: usize| {
+            save_checkpoint(
+                dir,
+                grpo.adapter(),
+                &TrainerState {
+                    step,
+                    ..state.clone()
+                },
+            )
+        };
+        for step in c.start_step..c.steps {
+            let step_started = Instant::now();
+            let batch: Vec<T> = (0..c.tasks_per_step)
+                .flat_map(|k| {
+                    let task = &self.tasks[(step * c.tasks_per_step + k) % self.tasks.len()];
+                    std::iter::repeat_n(task.clone(), c.group_size)
+                })
+                .collect();
+            let plan = BatchPlan {
+                resources_id: format!("{}-v{step}", c.resources_prefix),
+                llm_resource: c.llm_resource.clone(),
+                endpoint: self.serving.endpoint(),
+                model: served.clone(),
+                temperature: c.temperature,
+                max_tokens: c.max_tokens,
+                seed: None,
+                mode: RolloutMode::Train,
+                workers: c.workers,
+            };
+            let (finished, rollout_seconds) =
+                run_batch(self.store, self.runners, &plan, &batch, |r, a| {
+                    observer.rollout_done(r, a)
+                })
+                .await?;
+            let judged: Vec<Judged> = finished.iter().map(|f| (self.judge)(f)).collect();
+            let mut stats = self.learn(grpo, &finished, &judged, step, &served)?;
+            let next = policy_version(step + 1);
+            self.serving.publish(&next, grpo.adapter())?;
+            if served != base {
+                self.serving.retire(&served);
+            }
+            served = next;
+            let done = step + 1;
+            if let Some(dir) = &c.checkpoint_dir
+                && c.checkpoint_every
+                    .is_some_and(|k| k > 0 && done % k == 0 && done < c.steps)
+            {
+                checkpoint(&dir.join(format!("step-{done}")), grpo, done)?;
+            }
+            stats.step = done;
+            stats.rollout_seconds = rollout_seconds;
+            stats.llm_call_seconds = finished
+                .iter()
+                .flat_map(|f| f.spans.iter())
+                .filter_map(|sp| match sp.attributes.get(semconv::agl::LATENCY_S) {
+                    Some(AttributeValue::Float(x)) => Some(*x),
+                    _ => None,
+                })
+                .sum();
+            stats.step_seconds = step_started.elapsed().as_secs_f64();
+            observer.step_done(&StepOutcome {
+                finished: &finished,
+                judged: &judged,
+                stats,
+            })?;
+        }
+        if let Some(dir) = &c.checkpoint_dir {
+            checkpoint(&dir.join("final"), grpo, c.steps.max(c.start_step))?;
+        }
+        Ok(served)
+    }
+
+    /// Triplets → samples → advantages → one update, for one step's rollouts (in enqueue
+    /// order: G consecutive rollouts per task).
+    fn learn(
+        &self,
+        grpo: &mut LlmGrpo,
+        finished: &[FinishedRollout],
+        judged: &[Judged],
+        step: usize,
+        served: &str,
+    ) -> Result<StepStats, TrainError> {
+        let mode = self.config.mode;
+        let group_size = self.config.group_size;
+        let mut samples = Vec::new();
+        let mut rewards: HashMap<String, f64> = HashMap::new();
+        let mut group_rewards: HashMap<usize, Vec<f64>> = HashMap::new();
+        let (mut refused, mut stale, mut screened) = (0usize, 0usize, 0usize);
+        for (f, j) in finished.iter().zip(judged) {
+            let task = f.index / group_size;
+            // `screen` drops a flagged rollout from its group before advantages are computed.
+            if !mode.in_gradient(j.violations) {
+                screened += 1;
+                continue;
+            }
+            rewards.insert(f.rollout_id.clone(), j.reward);
+            group_rewards.entry(task).or_default().push(j.reward);
+            if f.spans.is_empty() {
+                continue;
+            }
+            let report = self.triplets.adapt_for_training(&f.spans)?;
+            refused += report.refused.len();
+            let mut triplets = report.triplets;
+            let before = triplets.len();
+            triplets.retain(|t| t.metadata.get("adapter").and_then(|a| a.as_str()) == Some(served));
+            stale += before - triplets.len();
+            let group = format!("{step}:{task}");
+            samples.extend(samples_from_triplets(
+                &f.rollout_id,
+                &group,
+                &triplets,
+                j.reward,
+            )?);
+        }
+        assign_advantages(&mut samples, &rewards);
+        let informative_groups = group_rewards
+            .values()
+            .filter(|rs| rs.iter().any(|r| (r - rs[0]).abs() > 1e-9))
+            .count();
+        let update = grpo.step(&samples)?;
+        Ok(StepStats {
+            informative_groups,
+            refused_calls: refused,
+            stale_calls: stale,
+            screened,
+            update,
+            ..StepStats::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> TrainerState {
+        TrainerState {
+            step: 4,
+            seed: 1,
+            governance: TrainingMode::Screen,
+            model: "smollm2-135m-instruct".into(),
+            lora_rank: 8,
+            lora_alpha: 16.0,
+            lora_targets: vec!["q".into(), "v".into()],
+            grpo: LlmGrpoConfig::default(),
+            tasks_per_step: 2,
+            group_size: 4,
+        }
+    }
+
+    #[test]
+    fn trainer_state_reads_back_and_refuses_bad_files_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TRAINER_STATE);
+        match TrainerState::read(dir.path()) {
+            Err(TrainError::Io { path: p, .. }) => assert_eq!(p, path),
+            other => panic!("expected an Io error, got {other:?}"),
+        }
+        std::fs::write(&path, serde_json::to_vec_pretty(&state()).unwrap()).unwrap();
+        assert_eq!(TrainerState::read(dir.path()).unwrap(), state());
+        let mut v = serde_json::to_value(state()).unwrap();
+        v["lr"] = serde_json::json!(0.1);
+        std::fs::write(&path, v.to_string()).unwrap();
+        let e = TrainerState::read(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("malformed") && e.contains("unknown field `lr`"),
+            "{e}"
+        );
+        std::fs::write(&path, "{").unwrap();
+        let e = TrainerState::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(TRAINER_STATE) && e.contains("malformed"), "{e}");
+    }
+
+    #[test]
+    fn versions_are_named_like_the_engine_serves_them() {
+        assert_eq!(policy_version(0), "policy-v0");
+        assert_eq!(policy_version(12), "policy-v12");
+    }
+}

@@ -1,0 +1,363 @@
+//! One batch of rollouts through a LightningStore: publish the resources, enqueue one rollout
+//! per task, serve them, read every rollout back with its latest attempt's spans.
+//!
+//! [`run_batch`] publishes a resources version whose LLM resource (`main_llm` by default) is a
+//! `proxy_llm` (Agent Lightning's `{"resource_type": "proxy_llm", "endpoint", "model",
+//! "sampling_parameters"}`) naming the model or adapter version and the sampling parameters,
+//! enqueues one rollout per task (the task serialised as the rollout's `input`, its mode and
+//! resources id set), starts the [`RunnerPool`]'s workers (concurrently, so an engine behind
+//! the endpoint batches their calls), polls the store until every rollout is finished, and
+//! returns them in task order. [`InProcessRunners`] is the pool of [`GovernedRunner`] workers
+//! in this process; the store may be any backend.
+//!
+//! Responsible for the staging; not for the agent, its reward or the kernel (the pool's), the
+//! endpoint's server (the caller's), or what a rollout's outcome means (the caller reads the
+//! spans).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agl_core::{
+    Attempt, EnqueueRolloutRequest, LlmResource, NamedResources, Resource, Rollout, RolloutMode,
+    Span,
+};
+use agl_gov::Kernel;
+use agl_store::LightningStore;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+
+use crate::{Agent, CancellationToken, GovernedRunner, IterReport, PolicyReward, TrainError};
+
+/// The resource name of the policy LLM unless a plan says otherwise (the name the built-in
+/// agents and Agent Lightning's examples read).
+pub const DEFAULT_LLM_RESOURCE: &str = "main_llm";
+
+/// How one batch of rollouts is sampled and served.
+#[derive(Debug, Clone)]
+pub struct BatchPlan {
+    /// The resources id to publish (a new version per batch when the model changes).
+    pub resources_id: String,
+    /// The name of the LLM resource in the published set.
+    pub llm_resource: String,
+    /// The OpenAI-compatible base URL the agents' calls go to (ends in `/v1`).
+    pub endpoint: String,
+    /// The model or adapter name the agents' calls name.
+    pub model: String,
+    /// Sampling temperature (0: greedy).
+    pub temperature: f64,
+    /// Most new tokens per call.
+    pub max_tokens: u32,
+    /// Sampling seed; `None` lets every call draw its own (a GRPO group needs G different
+    /// samples of one prompt).
+    pub seed: Option<u64>,
+    /// Rollout mode (`train` or `test`).
+    pub mode: RolloutMode,
+    /// Concurrent runner workers (at most one per rollout is started).
+    pub workers: usize,
+}
+
+impl BatchPlan {
+    /// The resources the plan publishes: its LLM resource alone.
+    pub fn resources(&self) -> NamedResources {
+        let mut sampling = serde_json::Map::new();
+        sampling.insert("temperature".into(), serde_json::json!(self.temperature));
+        sampling.insert("max_tokens".into(), serde_json::json!(self.max_tokens));
+        if let Some(seed) = self.seed {
+            sampling.insert("seed".into(), serde_json::json!(seed));
+        }
+        let mut resources = NamedResources::new();
+        resources.insert(
+            self.llm_resource.clone(),
+            Resource::ProxyLlm(LlmResource {
+                endpoint: self.endpoint.clone(),
+                model: self.model.clone(),
+                api_key: None,
+                sampling_parameters: sampling,
+            }),
+        );
+        resources
+    }
+}
+
+/// One finished rollout of a batch.
+#[derive(Debug, Clone)]
+pub struct FinishedRollout {
+    /// The rollout's id.
+    pub rollout_id: String,
+    /// Index of its task in the batch given to [`run_batch`].
+    pub index: usize,
+    /// The rollout as stored when the batch ended.
+    pub rollout: Rollout,
+    /// Its latest attempt.
+    pub attempt: Option<Attempt>,
+    /// The latest attempt's spans, in sequence order.
+    pub spans: Vec<Span>,
+}
+
+/// What serves a store's queue while a batch runs.
+pub trait RunnerPool: Send + Sync {
+    /// Starts `count` workers serving `store`'s queue; each returns when the queue has nothing
+    /// left to dispatch or `stop` is cancelled.
+    fn spawn(
+        &self,
+        store: &Arc<dyn LightningStore>,
+        count: usize,
+        stop: &CancellationToken,
+    ) -> Vec<JoinHandle<Result<IterReport, TrainError>>>;
+}
+
+/// [`GovernedRunner`] workers in this process, sharing one agent, kernel and reward. Worker
+/// ids are `Agent-<pid>-<i>` (Agent Lightning's naming).
+pub struct InProcessRunners<A: Agent> {
+    kernel: Arc<Kernel>,
+    agent: Arc<A>,
+    reward: Option<Arc<PolicyReward<A::Input, A::Output>>>,
+}
+
+impl<A: Agent> InProcessRunners<A> {
+    /// Workers running `agent` with every action checked by `kernel` (violations are recorded,
+    /// not logged to stderr).
+    pub fn new(kernel: Arc<Kernel>, agent: Arc<A>) -> Self {
+        Self {
+            kernel,
+            agent,
+            reward: None,
+        }
+    }
+
+    /// Shapes each rollout's reward with `reward` ([`GovernedRunner::with_reward`]).
+    pub fn with_reward(mut self, reward: Arc<PolicyReward<A::Input, A::Output>>) -> Self {
+        self.reward = Some(reward);
+        self
+    }
+}
+
+impl<A> RunnerPool for InProcessRunners<A>
+where
+    A: Agent + 'static,
+    A::Input: DeserializeOwned + 'static,
+    A::Output: Serialize + 'static,
+{
+    fn spawn(
+        &self,
+        store: &Arc<dyn LightningStore>,
+        count: usize,
+        stop: &CancellationToken,
+    ) -> Vec<JoinHandle<Result<IterReport, TrainError>>> {
+        let pid = std::process::id();
+        (0..count)
+            .map(|i| {
+                let mut runner = GovernedRunner::new(self.kernel.clone()).log_violations(false);
+                if let Some(reward) = &self.reward {
+                    runner = runner.with_reward(reward.clone());
+                }
+                runner.init_shared(self.agent.clone());
+                runner.init_worker(format!("Agent-{pid}-{i}"), store.clone());
+                let stop = stop.clone();
+                tokio::spawn(async move { runner.iter(&stop).await })
+            })
+            .collect()
+    }
+}
+
+/// Runs one rollout per task through `store` (see the module docs) and returns them in task
+/// order, with the seconds from the first enqueue to the last finish. `on_done` is told each
+/// rollout as it finishes (its latest attempt, no spans yet), for progress.
+///
+/// # Errors
+/// Store errors; [`TrainError::Runner`] when a worker fails or stops (the others are
+/// cancelled) or a rollout disappears from the store; [`TrainError::Config`] when a task
+/// cannot be serialised.
+pub async fn run_batch<T: Serialize>(
+    store: &Arc<dyn LightningStore>,
+    pool: &dyn RunnerPool,
+    plan: &BatchPlan,
+    tasks: &[T],
+    mut on_done: impl FnMut(&Rollout, Option<&Attempt>),
+) -> Result<(Vec<FinishedRollout>, f64), TrainError> {
+    store
+        .update_resources(&plan.resources_id, plan.resources())
+        .await?;
+    let requests = tasks
+        .iter()
+        .map(|t| {
+            let input = serde_json::to_value(t)
+                .map_err(|e| TrainError::Config(format!("a task is not JSON: {e}")))?;
+            let mut r = EnqueueRolloutRequest::new(input);
+            r.mode = Some(plan.mode);
+            r.resources_id = Some(plan.resources_id.clone());
+            Ok(r)
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    let ids: Vec<String> = store
+        .enqueue_many(requests)
+        .await?
+        .into_iter()
+        .map(|r| r.rollout_id)
+        .collect();
+
+    let started = Instant::now();
+    let stop = CancellationToken::new();
+    let mut workers = pool.spawn(store, plan.workers.min(ids.len()), &stop);
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut failure = None;
+    let failed = |e: Result<Result<IterReport, TrainError>, tokio::task::JoinError>| match e {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("a runner worker failed: {e}")),
+        Err(e) => Some(format!("a runner worker stopped: {e}")),
+    };
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for r in store.wait_for_rollouts(&ids, Some(Duration::ZERO)).await? {
+            if !seen.insert(r.rollout_id.clone()) {
+                continue;
+            }
+            let attempt = store.get_latest_attempt(&r.rollout_id).await?;
+            on_done(&r, attempt.as_ref());
+        }
+        if let Some(i) = workers.iter().position(|w| w.is_finished()) {
+            failure = failed(workers.swap_remove(i).await);
+            if failure.is_some() {
+                stop.cancel();
+                break;
+            }
+        }
+        // A worker returns once the queue is empty, after reporting its last rollout: when
+        // none is left, every rollout is finished.
+        if workers.is_empty() || seen.len() == ids.len() {
+            break;
+        }
+    }
+    for w in workers {
+        if let Some(f) = failed(w.await) {
+            failure.get_or_insert(f);
+        }
+    }
+    if let Some(f) = failure {
+        return Err(TrainError::Runner(f));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut out = Vec::with_capacity(ids.len());
+    for (index, id) in ids.iter().enumerate() {
+        let rollout = store.get_rollout_by_id(id).await?.ok_or_else(|| {
+            TrainError::Runner(format!("rollout {id} disappeared from the store"))
+        })?;
+        let attempt = store.get_latest_attempt(id).await?;
+        let spans = store.list_spans(id, Some("latest")).await?;
+        out.push(FinishedRollout {
+            rollout_id: id.clone(),
+            index,
+            rollout,
+            attempt,
+            spans,
+        });
+    }
+    Ok((out, seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AgentError, StepContext};
+    use agl_store::InMemoryLightningStore;
+    use serde_json::{Value, json};
+
+    /// Answers with its input and the model its LLM resource names.
+    struct Echo;
+
+    #[async_trait::async_trait]
+    impl Agent for Echo {
+        type Input = u32;
+        type Output = Value;
+        async fn run(&self, input: &u32, ctx: &mut StepContext) -> Result<Value, AgentError> {
+            let llm = ctx.llm_base_url(Some(DEFAULT_LLM_RESOURCE));
+            Ok(json!({"input": input, "model": llm.map(|e| e.model)}))
+        }
+    }
+
+    fn plan(workers: usize) -> BatchPlan {
+        BatchPlan {
+            resources_id: "batch-v0".into(),
+            llm_resource: DEFAULT_LLM_RESOURCE.into(),
+            endpoint: "http://127.0.0.1:9/v1".into(),
+            model: "policy-v3".into(),
+            temperature: 0.7,
+            max_tokens: 16,
+            seed: None,
+            mode: RolloutMode::Train,
+            workers,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_comes_back_in_task_order_with_its_resources() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let kernel = Arc::new(Kernel::new(agl_gov::GovernanceMode::Enforce));
+        let pool = InProcessRunners::new(kernel, Arc::new(Echo));
+        let tasks: Vec<u32> = (10..17).collect();
+        let mut done = 0;
+        let (finished, seconds) = run_batch(&store, &pool, &plan(3), &tasks, |r, a| {
+            assert!(r.status.is_finished(), "{:?}", r.status);
+            assert!(a.is_some());
+            done += 1;
+        })
+        .await
+        .unwrap();
+        assert_eq!(done, tasks.len());
+        assert!(seconds >= 0.0);
+        assert_eq!(finished.len(), tasks.len());
+        for (i, f) in finished.iter().enumerate() {
+            assert_eq!(f.index, i);
+            assert_eq!(f.rollout.input, json!(tasks[i]));
+            assert_eq!(f.rollout.mode, Some(RolloutMode::Train));
+            assert_eq!(f.rollout.resources_id.as_deref(), Some("batch-v0"));
+            let output = &f.attempt.as_ref().unwrap().metadata.as_ref().unwrap()["output"];
+            assert_eq!(output, &json!({"input": tasks[i], "model": "policy-v3"}));
+            // the runner's governance annotation is always written
+            assert!(!f.spans.is_empty());
+        }
+        let published = store
+            .get_resources_by_id("batch-v0")
+            .await
+            .unwrap()
+            .unwrap();
+        match published.resources.get(DEFAULT_LLM_RESOURCE) {
+            Some(Resource::ProxyLlm(llm)) => {
+                assert_eq!(llm.endpoint, "http://127.0.0.1:9/v1");
+                assert_eq!(llm.model, "policy-v3");
+                assert_eq!(llm.sampling_parameters["temperature"], json!(0.7));
+                assert_eq!(llm.sampling_parameters["max_tokens"], json!(16));
+                assert!(!llm.sampling_parameters.contains_key("seed"));
+            }
+            other => panic!("expected a proxy_llm, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_seed_is_published_and_more_workers_than_tasks_is_fine() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let kernel = Arc::new(Kernel::new(agl_gov::GovernanceMode::Enforce));
+        let pool = InProcessRunners::new(kernel, Arc::new(Echo));
+        let plan = BatchPlan {
+            seed: Some(7),
+            mode: RolloutMode::Test,
+            ..plan(8)
+        };
+        let (finished, _) = run_batch(&store, &pool, &plan, &[1u32], |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(finished.len(), 1);
+        assert_eq!(finished[0].rollout.mode, Some(RolloutMode::Test));
+        let r = store
+            .get_resources_by_id("batch-v0")
+            .await
+            .unwrap()
+            .unwrap();
+        let Some(Resource::ProxyLlm(llm)) = r.resources.get(DEFAULT_LLM_RESOURCE) else {
+            panic!("no proxy_llm");
+        };
+        assert_eq!(llm.sampling_parameters["seed"], json!(7));
+    }
+}
