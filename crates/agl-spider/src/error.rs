@@ -104,6 +104,10 @@ pub enum SpiderError {
     /// A configuration value is out of range; the message names the field.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// None of the questions chosen for an evaluation can be used: their gold queries fail to
+    /// execute.
+    #[error("no usable questions selected (their gold queries fail to execute)")]
+    NoUsableQuestions,
     /// A rollout's input or spans did not have the expected shape.
     #[error("malformed rollout {rollout_id}: {message}")]
     Rollout {

@@ -21,11 +21,13 @@
 //! agent's SQL and in the model's output), `llm` (turns, calls, tokens, tokens/s; `null` for
 //! the scorer) and, with `--rows`, one row per question.
 //!
-//! Responsible for the command line, wiring and printing; not for the agent, the reward and
-//! the metrics (`agl-train`), the gateway (`agl-server`), the engine (`agl-llm`) or the
-//! rollout staging it shares with `agl train --agent llm` ([`crate::llm_stage`]).
+//! Responsible for the command line, choosing the questions, wiring and printing; not for the
+//! agents, their rewards and metrics or the scorer's evaluation (`agl-spider`:
+//! [`agl_spider::scorer::evaluate_subset`]), the batch (`agl-train`), the gateway
+//! (`agl-server`), the engine (`agl-llm`) or the stage it shares with `agl train --agent llm`
+//! ([`crate::llm_stage`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -33,13 +35,11 @@ use std::time::{Duration, Instant};
 
 use agl_core::RolloutMode;
 use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
-use agl_spider::{CandidateConfig, ExecutorConfig, Question, SpiderDataset, Split};
+use agl_spider::scorer::{ScorerEval, ScorerRow, SubsetEval, evaluate_subset};
 use agl_spider::{
-    EvalStats, LlmSqlAgent, PolicyCounts, Session, SpiderTask, SqlAgentConfig, SqlEvalRow,
-    SqlEvalSummary, SqlTaskReward, TaskConfig, TrainConfig, initial_policy, rollout_result,
-    sql_agent_reward,
+    EvalStats, ExecutorConfig, LlmSqlAgent, PolicyCounts, Question, SpiderDataset, Split,
+    SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlTaskReward, sql_agent_reward,
 };
-use agl_store::RolloutQuery;
 use agl_train::RewardConfig;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
@@ -50,7 +50,6 @@ use crate::args::engine::Weights;
 use crate::llm_stage::LlmStage;
 use crate::out::files::write_file;
 use crate::out::progress::progress_bar;
-use agl_core::semconv;
 use agl_train::BatchPlan;
 
 /// Which agent `agl eval` runs.
@@ -238,15 +237,6 @@ struct LlmReport {
     completion_tokens: u64,
     completion_tokens_per_second: f64,
     tokens_per_second: f64,
-}
-
-#[derive(Serialize)]
-struct ScorerRow {
-    index: usize,
-    candidate: usize,
-    correct: bool,
-    reward: f64,
-    policies: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -549,127 +539,36 @@ fn run_scorer(
     picked: &[usize],
     checkpoint: Option<&agl_spider::Checkpoint>,
 ) -> anyhow::Result<Outcome> {
-    let all = dataset.questions(args.split);
-    let needed = picked.iter().max().map_or(0, |m| m + 1);
-    let keep: HashSet<usize> = picked.iter().map(|&p| all[p].index).collect();
-    let (limit, dev_limit) = match args.split {
-        Split::Train => (Some(needed), Some(0)),
-        Split::Dev => (Some(0), Some(needed)),
-    };
-    let candidates = match checkpoint {
-        // the candidate sets the checkpoint's run was trained and evaluated on
-        Some(c) => CandidateConfig {
-            total: c.config.training.candidates,
-            distractors: c.config.training.distractors,
-            seed: c.config.training.seed,
-            ..CandidateConfig::default()
-        },
-        None => CandidateConfig {
-            seed: args.seed,
-            ..CandidateConfig::default()
-        },
-    };
-    let mut task = SpiderTask::prepare(
-        dataset,
-        &TaskConfig {
-            candidates,
-            limit,
-            dev_limit,
-            threads: args.workers.clamp(1, 2),
-            executor: ExecutorConfig {
-                timeout: Duration::from_secs_f64(args.sql_timeout),
-            },
-        },
-    )?;
-    match args.split {
-        Split::Train => task.train.retain(|it| keep.contains(&it.question.index)),
-        Split::Dev => task.dev.retain(|it| keep.contains(&it.question.index)),
-    }
-    anyhow::ensure!(
-        !task.items(args.split).is_empty(),
-        "no usable questions selected (their gold queries fail to execute)"
-    );
-    let kernel = Arc::new(agl_spider::build_kernel(
-        &task,
-        policy,
-        GovernanceMode::Enforce,
-        None,
-    )?);
-    let config = TrainConfig {
-        workers: args.workers,
-        seed: candidates.seed,
-        policy: args.policy.clone(),
-        ..TrainConfig::default()
-    };
     let bar = ProgressBar::new_spinner();
     bar.set_message(format!(
         "evaluating the scorer on {} {} questions",
-        task.items(args.split).len(),
+        picked.len(),
         args.split
     ));
     bar.enable_steady_tick(Duration::from_millis(200));
-    let task = Arc::new(task);
-    let result = rt.block_on(async {
-        let session = Session::start(
-            task.clone(),
-            &config,
-            agl_train::TrainingMode::Enforce,
-            kernel.clone(),
-            kernel,
-        )?;
-        let untrained;
-        let model: &dyn agl_spider::PolicyModel = match checkpoint {
-            Some(c) => &c.scorer,
-            None => {
-                untrained = initial_policy(args.seed)?;
-                untrained.as_ref()
-            }
-        };
-        let stats = session.evaluate(model, args.split).await;
-        let store = session.store().clone();
-        session.shutdown().await?;
-        let stats = stats?;
-        let mut rows = Vec::new();
-        for r in store.query_rollouts(RolloutQuery::all()).await?.items {
-            let r = r.rollout();
-            let spans = store.list_spans(&r.rollout_id, Some("latest")).await?;
-            // one entry per violation span (a policy can report one action twice)
-            let per_violation: Vec<String> = spans
-                .iter()
-                .filter_map(|s| s.attributes.get(semconv::agent_os::VIOLATION_POLICY))
-                .filter_map(|p| p.as_str().map(str::to_string))
-                .collect();
-            rows.push((rollout_result(r, &spans)?, per_violation));
-        }
-        Ok::<_, anyhow::Error>((stats, rows))
-    });
+    let eval = SubsetEval {
+        split: args.split,
+        picked,
+        checkpoint,
+        seed: args.seed,
+        policy,
+        policy_name: &args.policy,
+        workers: args.workers,
+        sql_timeout: Duration::from_secs_f64(args.sql_timeout),
+    };
+    let result = rt.block_on(evaluate_subset(dataset, &eval));
     bar.finish_and_clear();
-    let (stats, results) = result?;
-    let mut by_policy: BTreeMap<String, PolicyCounts> = BTreeMap::new();
-    let mut total = 0;
-    let items = task.items(args.split);
-    let mut rows = Vec::with_capacity(results.len());
-    for (r, per_violation) in &results {
-        total += per_violation.len();
-        for p in per_violation {
-            by_policy.entry(p.clone()).or_default().sql += 1;
-        }
-        rows.push(ScorerRow {
-            index: items
-                .get(r.input.question)
-                .map_or(r.input.question, |it| it.question.index),
-            candidate: r.input.candidate,
-            correct: r.correct,
-            reward: r.reward,
-            policies: r.policies.clone(),
-        });
-    }
-    rows.sort_by_key(|r| r.index);
+    let ScorerEval {
+        stats,
+        rows,
+        by_policy,
+        violations,
+    } = result?;
     Ok(Outcome {
         stats,
         violations: ViolationReport {
-            total,
-            sql: total,
+            total: violations,
+            sql: violations,
             llm_output: 0,
             by_policy,
         },

@@ -3,8 +3,9 @@
 //!
 //! Responsible for the scorer end to end: its features ([`features`]), model ([`model`]), GRPO
 //! learner ([`grpo`], on `agl-train`'s shared maths), runner ([`runner`]), span→result adapter
-//! ([`adapter`]), training loop ([`trainer`]) and checkpoints ([`checkpoint`]). Not for the
-//! task-agnostic runtime (`agl-train`) nor for printing or files (the CLI).
+//! ([`adapter`]), training loop ([`trainer`]), checkpoints ([`checkpoint`]) and its evaluation
+//! on a chosen subset ([`eval`]). Not for the task-agnostic runtime (`agl-train`) nor for
+//! printing or files (the CLI).
 //!
 //! # The loop
 //! The trainer samples actions from the policy and enqueues rollouts; runner workers dequeue
@@ -16,6 +17,7 @@
 
 pub mod adapter;
 pub mod checkpoint;
+pub mod eval;
 pub mod features;
 pub mod grpo;
 pub mod model;
@@ -24,6 +26,7 @@ pub mod trainer;
 
 pub use adapter::{RolloutResult, rollout_result, to_triplet};
 pub use checkpoint::{Checkpoint, CheckpointConfig, CheckpointPlan, ModelSpec, TrainingState};
+pub use eval::{ScorerEval, ScorerRow, SubsetEval, evaluate_subset};
 pub use features::{FEATURE_DIM, FEATURES_VERSION, SparseFeatures, featurize};
 pub use grpo::{Grpo, GrpoConfig, StepStats};
 pub use model::{FeatureBatch, PolicyModel, Scorer};
