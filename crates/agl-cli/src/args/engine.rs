@@ -3,9 +3,11 @@
 //! command that loads a model accepts; and [`start_engine`], which starts the engine such flags
 //! describe and prints its progress lines.
 //!
-//! Not for the start-up itself (`agl_llm::startup`) or for the commands whose `--model` help
-//! says something of their own (`agl eval`, `agl train --agent llm`, `agl bench llm` keep their
-//! field, so that their `--help` stays as it is).
+//! `--model` ([`ModelArg`]) and `--device` ([`DeviceArg`]) are defined here once; every command
+//! that loads a model flattens them, and one whose help says something of its own (`agl eval`,
+//! `agl train --agent llm`, `agl bench llm`) rewords it with clap's `mut_arg`.
+//!
+//! Not for the start-up itself (`agl_llm::startup`).
 
 use agl_llm::WeightFormat;
 use agl_llm::startup::{EngineSpec, StartedEngine, StartupEvent};
@@ -30,21 +32,54 @@ impl Weights {
     }
 }
 
-/// Which model the built-in engine serves, and how (shared by `agl llm serve`, `agl store
-/// --llm` and `agl eval`).
+/// `--model`: the model a command loads.
 #[derive(Debug, Clone, Args)]
-pub struct EngineArgs {
+pub struct ModelArg {
     /// The model: a known name (see `agl model list`; fetch it with `agl model pull`), a .gguf
     /// file, or a Hugging Face model directory.
     #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
     pub model: String,
+}
+
+/// `--device`: where a command runs its model.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArg {
+    /// Where the model runs: cpu, cuda, cuda:N (a build with `--features cuda`), or auto.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+/// The flag's value reads as the string it holds.
+macro_rules! reads_as_str {
+    ($t:ty, $field:ident) => {
+        impl std::ops::Deref for $t {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.$field
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.$field)
+            }
+        }
+    };
+}
+reads_as_str!(ModelArg, model);
+reads_as_str!(DeviceArg, device);
+
+/// Which model the built-in engine serves, and how (shared by `agl llm serve` and `agl bench
+/// gateway`).
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
     /// How to hold the linear weights: `dense` (f32: exact, what training recomputes) or `q8`
     /// (GGML Q8_0 blocks: faster decoding, serving only; output follows llama.cpp's).
     #[arg(long, value_enum, default_value = "dense")]
     pub weights: Weights,
-    /// Where the model runs: cpu, cuda, cuda:N (a build with `--features cuda`), or auto.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// Serve a PEFT LoRA adapter directory under NAME (repeatable).
     #[arg(long = "adapter", value_name = "NAME=DIR")]
     pub adapters: Vec<String>,
@@ -61,9 +96,9 @@ impl EngineArgs {
     /// The engine these flags describe.
     pub fn spec(&self) -> EngineSpec {
         EngineSpec {
-            model: self.model.clone(),
+            model: self.model.model.clone(),
             weights: self.weights.format(),
-            device: self.device.clone(),
+            device: self.device.device.clone(),
             adapters: self.adapters.clone(),
             served_model_name: self.served_model_name.clone(),
             max_batch_rows: self.max_batch_rows,

@@ -24,17 +24,23 @@ use std::time::Instant;
 use agl_llm::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams};
 use anyhow::Context;
 use clap::Args;
+
+use crate::args::engine::{DeviceArg, ModelArg};
 use serde::Serialize;
 
 /// Arguments of `agl bench llm`.
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("model", |a| a
+        .value_name("MODEL")
+        .help("Model name, GGUF file or Hugging Face model directory")),
+    mut_arg("device", |a| a.help("Where the model runs: cpu, cuda, cuda:N, or auto")),
+)]
 pub struct LlmBenchArgs {
-    /// Model name, GGUF file or Hugging Face model directory.
-    #[arg(long, default_value = "smollm2-135m-instruct")]
-    model: String,
-    /// Where the model runs: cpu, cuda, cuda:N, or auto.
-    #[arg(long, default_value = "auto")]
-    device: String,
+    #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
+    device: DeviceArg,
     /// Tokens generated per row in each decode measurement.
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
@@ -313,7 +319,7 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
         let engine = Engine::start(
             loaded,
             EngineConfig {
-                model_name: args.model.clone(),
+                model_name: args.model.to_string(),
                 max_batch_rows: 64,
             },
         )?;
@@ -332,7 +338,7 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
         (None, _) => None,
     };
     let report = Report {
-        model: args.model.clone(),
+        model: args.model.to_string(),
         source,
         decode_tokens: args.decode_tokens,
         agl: ours,

@@ -46,7 +46,7 @@ use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::args::engine::Weights;
+use crate::args::engine::{DeviceArg, ModelArg, Weights};
 use crate::llm_stage::LlmStage;
 use crate::out::files::write_file;
 use crate::out::progress::progress_bar;
@@ -72,15 +72,23 @@ impl AgentKind {
 
 /// Arguments of `agl eval`.
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("model", |a| a.help(
+        "The model (llm agent): a known name (`agl model pull NAME`), a .gguf file or a Hugging \
+         Face model directory; with --llm-upstream, the model name that server knows",
+    )),
+    mut_arg("device", |a| a.help(
+        "Where the built-in engine runs: cpu, cuda, cuda:N (a build with `--features cuda`), or \
+         auto",
+    )),
+)]
 pub struct EvalArgs {
     /// The agent: `llm` (an LLM writes SQL, checks and rewrites it) or `scorer` (the built-in
     /// candidate-choosing policy, untrained or a --checkpoint, as `agl train` evaluates it).
     #[arg(long, value_enum)]
     agent: AgentKind,
-    /// The model (llm agent): a known name (`agl model pull NAME`), a .gguf file or a Hugging
-    /// Face model directory; with --llm-upstream, the model name that server knows.
-    #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
-    model: String,
+    #[command(flatten)]
+    model: ModelArg,
     /// A PEFT LoRA adapter directory to evaluate on top of --model (llm agent, built-in
     /// engine); the agent's calls name the adapter.
     #[arg(long, value_name = "DIR")]
@@ -126,10 +134,8 @@ pub struct EvalArgs {
     seed: u64,
     #[command(flatten)]
     upstream: crate::args::gateway::UpstreamArgs,
-    /// Where the built-in engine runs: cpu, cuda, cuda:N (a build with `--features cuda`), or
-    /// auto.
-    #[arg(long, default_value = "auto")]
-    device: String,
+    #[command(flatten)]
+    device: DeviceArg,
     /// How the built-in engine holds the linear weights: dense (f32) or q8 (faster decoding).
     #[arg(long, value_enum, default_value = "dense")]
     weights: Weights,
@@ -353,7 +359,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             config: ReportConfig {
                 checkpoint: args.checkpoint.as_ref().map(|p| p.display().to_string()),
                 agent: args.agent.name(),
-                model: (args.agent == AgentKind::Llm).then_some(args.model.as_str()),
+                model: (args.agent == AgentKind::Llm).then_some(&*args.model),
                 adapter: args.adapter.as_ref().map(|p| p.display().to_string()),
                 llm_upstream: args.upstream.llm_upstream.as_deref(),
                 split,
@@ -401,9 +407,9 @@ fn start_engine(
         (format!("{name}-adapter"), dir.display().to_string())
     });
     let spec = agl_llm::EngineSpec {
-        model: args.model.clone(),
+        model: args.model.to_string(),
         weights: args.weights.format(),
-        device: args.device.clone(),
+        device: args.device.to_string(),
         adapters: adapter
             .iter()
             .map(|(name, dir)| format!("{name}={dir}"))
@@ -434,7 +440,7 @@ fn run_llm(
             .with_context(|| format!("--policy {}", args.policy))?,
     );
     let (engine, upstream, model) = match args.upstream.http() {
-        Some(upstream) => (None, upstream, args.model.clone()),
+        Some(upstream) => (None, upstream, args.model.to_string()),
         None => {
             let (engine, upstream, model) = start_engine(args)?;
             (Some(engine), upstream, model)

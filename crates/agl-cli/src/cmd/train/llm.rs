@@ -59,20 +59,27 @@ use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::ProgressBar;
 
+use crate::args::engine::{DeviceArg, ModelArg};
 use crate::llm_stage::{EngineServing, LlmStage};
 use crate::out::progress::progress_bar;
 
 /// The flags of `agl train` that only `--agent llm` reads.
 #[derive(Debug, Clone, Args)]
+#[command(
+    mut_arg("model", |a| a.help(
+        "The model (--agent llm): a known name (`agl model pull NAME`), a .gguf file or a Hugging \
+         Face model directory. Trained with dense f32 weights",
+    )),
+    mut_arg("device", |a| a.help(
+        "Where the engine and the training run (--agent llm): cpu, cuda, cuda:N (a build with \
+         `--features cuda`), or auto",
+    )),
+)]
 pub struct LlmTrainArgs {
-    /// The model (--agent llm): a known name (`agl model pull NAME`), a .gguf file or a
-    /// Hugging Face model directory. Trained with dense f32 weights.
-    #[arg(long, value_name = "NAME|PATH", default_value = agl_llm::hub::DEFAULT_MODEL)]
-    pub model: String,
-    /// Where the engine and the training run (--agent llm): cpu, cuda, cuda:N (a build with
-    /// `--features cuda`), or auto.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    #[command(flatten)]
+    pub model: ModelArg,
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// GRPO updates (--agent llm).
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
@@ -281,7 +288,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     let resume = match &shared.resume {
         Some(dir) => {
             let state = read_state(dir)?;
-            if state.model != args.model {
+            if *state.model != *args.model {
                 bail!(
                     "--resume {}: the checkpoint trained --model {}, not {}",
                     dir.display(),
@@ -336,9 +343,9 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     };
 
     let spec = agl_llm::EngineSpec {
-        model: args.model.clone(),
+        model: args.model.to_string(),
         weights: agl_llm::WeightFormat::Dense,
-        device: args.device.clone(),
+        device: args.device.to_string(),
         adapters: Vec::new(),
         served_model_name: None,
         max_batch_rows: (shared.workers * args.max_turns.max(1)).clamp(8, 64),
@@ -464,7 +471,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                         alpha: lora_alpha,
                         target_modules: targets.clone(),
                         use_rslora: false,
-                        base_model: Some(args.model.clone()),
+                        base_model: Some(args.model.to_string()),
                     };
                     let (a, v) = LoraAdapter::new_trainable(
                         cfg,
@@ -481,7 +488,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 step: start_step,
                 seed: shared.seed,
                 governance: mode,
-                model: args.model.clone(),
+                model: args.model.to_string(),
                 lora_rank: args.lora_rank,
                 lora_alpha,
                 lora_targets: targets.iter().map(|t| t.name().to_string()).collect(),
@@ -604,7 +611,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             .collect();
         let refs: Vec<(&str, &RunReport)> = reports.iter().map(|(n, r)| (*n, r)).collect();
         let svg = crate::out::plot::learning_curves(&refs)?;
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        crate::out::files::write_file(path, svg.as_bytes(), None)?;
         eprintln!("plot written to {}", path.display());
     }
     if let Some(path) = &shared.report {
@@ -612,7 +619,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             agent: "llm",
             seed: shared.seed,
             config: LlmReportConfig {
-                model: args.model.clone(),
+                model: args.model.to_string(),
                 steps: args.steps,
                 tasks_per_step: args.tasks_per_step,
                 group_size: shared.group_size,
