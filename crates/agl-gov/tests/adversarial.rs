@@ -12,7 +12,14 @@
 //! execute under both without one. Property tests: `zeroblob(n)` and `printf('%.*c', n, …)`
 //! are blocked iff `n` exceeds `max_bytes`, a product of `k` relations iff `k` exceeds
 //! `max_cross_joined_tables`, a recursive CTE's LIMIT bounds it iff it is within
-//! `max_recursive_rows`; no input panics the policy.
+//! `max_recursive_rows`, and so does a counter's limit; no input panics the policy.
+//!
+//! Recursion (issue 28): every line of `tests/data/unbounded_recursion_sql.txt` (recursive
+//! CTEs whose WHERE is not a tautology yet never stops them, `UNION ALL` walks, counters that
+//! move away from or step over their limit, limits far above `max_recursive_rows`, in many
+//! spellings) is BLOCKED by `strict` and `standard` with a "recursive CTE … has no bound"
+//! finding, in the same four variants; every line of `tests/data/bounded_recursion_sql.txt`
+//! (proved counters, `UNION` walks over base tables, LIMITs) executes under both.
 
 use agl_gov::{
     Action, Decision, GovernanceMode, Kernel, RESOURCE_POLICY_NAME, ResourceLimitsConfig,
@@ -272,6 +279,78 @@ fn benign_resource_look_alikes_execute_under_strict_and_standard() {
         }
         println!(
             "examples/policies/{preset}.yaml: {} benign resource look-alikes executed",
+            lines.len()
+        );
+    }
+}
+
+/// The acceptance check of issue 28: a recursive CTE is allowed only when its bound is
+/// proved. Every statement of the unbounded-recursion corpus (and its lowercase, uppercase and
+/// comment-wrapped variants) is blocked by `strict` and `standard` with a `resource_limits`
+/// "recursive CTE … has no bound" violation.
+#[test]
+fn every_unbounded_recursion_is_blocked_by_the_strict_and_standard_examples() {
+    let lines = corpus(include_str!("data/unbounded_recursion_sql.txt"));
+    assert!(lines.len() >= 80, "corpus has only {} lines", lines.len());
+    for (preset, k) in example_kernels() {
+        let mut tried = 0usize;
+        let mut escaped = Vec::new();
+        for (dialect, sql, raw) in &lines {
+            let variants = [
+                sql.clone(),
+                sql.to_lowercase(),
+                sql.to_uppercase(),
+                format!("/* recursion */ {sql}\n-- end\n"),
+            ];
+            for variant in variants {
+                tried += 1;
+                let d = check(&k, *dialect, &variant);
+                let unbounded = d.violations.iter().any(|v| {
+                    v.policy == RESOURCE_POLICY_NAME
+                        && v.reason.starts_with("recursive CTE `")
+                        && v.reason.contains("` has no bound: ")
+                });
+                if d.verdict != Verdict::Block || !unbounded {
+                    escaped.push(format!(
+                        "{raw}\n  as {variant:?}: {:?} {:?}",
+                        d.verdict, d.violations
+                    ));
+                }
+            }
+        }
+        println!(
+            "examples/policies/{preset}.yaml: tried {tried} unbounded-recursion statements ({} \
+             corpus lines, 4 spellings each), {} blocked as unbounded",
+            lines.len(),
+            tried - escaped.len()
+        );
+        assert!(
+            escaped.is_empty(),
+            "{preset} let through:\n{}",
+            escaped.join("\n")
+        );
+    }
+}
+
+/// Recursive CTEs whose bound is proved (counters, `UNION` walks over base-table columns,
+/// LIMITs) execute under both kernels without a `resource_limits` violation.
+#[test]
+fn proved_recursion_executes_under_strict_and_standard() {
+    let lines = corpus(include_str!("data/bounded_recursion_sql.txt"));
+    assert!(lines.len() >= 40, "corpus has only {} lines", lines.len());
+    for (preset, k) in example_kernels() {
+        for (dialect, sql, raw) in &lines {
+            k.reset(); // strict's rate limit counts executed actions
+            let d = check(&k, *dialect, sql);
+            assert!(
+                d.executes() && !has_resource_violation(&d),
+                "{preset}: {raw}: {:?} {:?}",
+                d.verdict,
+                d.violations
+            );
+        }
+        println!(
+            "examples/policies/{preset}.yaml: {} bounded recursive CTEs executed",
             lines.len()
         );
     }
@@ -545,6 +624,74 @@ proptest! {
     }
 
     #[test]
+    fn a_counter_limit_bounds_iff_within_max_recursive_rows(
+        n in size(),
+        real in any::<bool>(),
+        reversed in any::<bool>(),
+    ) {
+        // From 1 by 1 while below n: max(n, 1) rows, the anchor's included.
+        let max = ResourceLimitsConfig::default().max_recursive_rows;
+        let limit = if real { format!("{n}e0") } else { n.to_string() };
+        let cond = if reversed { format!("{limit} > x") } else { format!("x < {limit}") };
+        let sql = format!(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE {cond}) SELECT count(*) FROM c"
+        );
+        prop_assert_eq!(resource_blocked(&sql), n > max, "{}", sql);
+    }
+
+    #[test]
+    fn a_counter_is_allowed_iff_it_really_stops_and_never_undercounted(
+        start in -20i64..20,
+        step in -5i64..=5,
+        limit in -50i64..50,
+        op in 0..6usize,
+        reversed in any::<bool>(),
+        qualified in any::<bool>(),
+    ) {
+        // `x op limit` as written, and the same comparison with its operands swapped.
+        const OPS: [(&str, &str); 6] =
+            [("<", ">"), ("<=", ">="), (">", "<"), (">=", "<="), ("<>", "<>"), ("!=", "!=")];
+        let holds = |x: i64| match op {
+            0 => x < limit,
+            1 => x <= limit,
+            2 => x > limit,
+            3 => x >= limit,
+            _ => x != limit,
+        };
+        let col = if qualified { "t.x" } else { "x" };
+        let cond = if reversed {
+            format!("{limit} {} {col}", OPS[op].1)
+        } else {
+            format!("{col} {} {limit}", OPS[op].0)
+        };
+        let sql = format!(
+            "WITH RECURSIVE c(x) AS (SELECT {start} UNION ALL SELECT {col} + {step} FROM c AS t \
+             WHERE {cond}) SELECT count(*) FROM c"
+        );
+        // What SQLite does: the anchor's row, then one row per row that passes the WHERE.
+        let (mut x, mut rows) = (start, 1u64);
+        while holds(x) && rows <= 10_000 {
+            x += step;
+            rows += 1;
+        }
+        let stops = rows <= 10_000;
+        let blocked_at = |max: u64| {
+            let config = ResourceLimitsConfig { max_recursive_rows: max, ..ResourceLimitsConfig::default() };
+            let k = Kernel::new(GovernanceMode::Enforce).with_policy(ResourceLimitsPolicy::new(config));
+            check(&k, SqlDialect::Sqlite, &sql).verdict == Verdict::Block
+        };
+        // A step of 0, or one away from the limit, is never a proof (even when the anchor's row
+        // already fails the WHERE); every other counter is proved exactly when it stops.
+        let away = step == 0 || (step > 0 && (op == 2 || op == 3)) || (step < 0 && op <= 1);
+        prop_assert_eq!(blocked_at(1_000_000), away || !stops, "{}", sql);
+        if !away && stops {
+            // Exact for integers: allowed at its row count, blocked one row below.
+            prop_assert!(!blocked_at(rows), "{} at {}", sql, rows);
+            prop_assert!(blocked_at(rows - 1), "{} at {}", sql, rows - 1);
+        }
+    }
+
+    #[test]
     fn resource_shaped_strings_never_panic(
         s in "(SELECT|WITH|RECURSIVE|c|AS|UNION ALL|FROM|LIMIT|WHERE|JOIN|ON|CROSS|zeroblob|printf|randomblob|repeat|'%.*c'|'%1000d'|'%*%'|'1e9'|1e9|-|\\*|/|%|\\|\\||\\(|\\)|,|x| |0|CAST|INT){0,40}",
         d in 0..4usize,
@@ -568,6 +715,8 @@ fn cached_kernels_decide_exactly_as_uncached_ones() {
         include_str!("data/benign_sql.txt"),
         include_str!("data/resource_exhaustion_sql.txt"),
         include_str!("data/resource_benign_sql.txt"),
+        include_str!("data/unbounded_recursion_sql.txt"),
+        include_str!("data/bounded_recursion_sql.txt"),
     ] {
         statements.extend(corpus(text).into_iter().map(|(d, sql, _)| (d, sql)));
     }

@@ -15,7 +15,7 @@
 //! |---|---|---|---|
 //! | `max_bytes` | bytes | 1,000,000 | largest size one builder call may request, and largest total of all builder calls of one action |
 //! | `max_cross_joined_tables` | relations | 4 | most relations one FROM clause may combine without a join constraint (at least 1) |
-//! | `max_recursive_rows` | rows | 1,000,000 | largest constant `LIMIT` (plus `OFFSET`) that counts as the bound of a recursive CTE |
+//! | `max_recursive_rows` | rows | 1,000,000 | most rows a recursive CTE's proved bound may allow: a constant `LIMIT` (plus `OFFSET`), or the rows a counter stops after |
 //!
 //! [`ResourceLimitsConfig::validate`] rejects `max_cross_joined_tables: 0`
 //! ([`GovError::InvalidConfig`]).
@@ -26,7 +26,7 @@
 //! | a builder call requests more than `max_bytes` ("zeroblob(2e9) requests 2000000000 bytes, above the limit of 1000000 bytes") | high | block |
 //! | a builder call whose size cannot be priced: a size, a `*` width / precision or a format that is not a constant ("zeroblob(length(name)): its size `length(name)` is not a constant, so the bytes it requests cannot be priced (limit 1000000 bytes)") | high | block |
 //! | the builder calls of one action request more than `max_bytes` together, none of them alone ("blob and string builders request 1200000 bytes in total, above the limit of 1000000 bytes") | high | block |
-//! | a recursive CTE without a bound ("recursive CTE `c` has no bound: …") | high | block |
+//! | a recursive CTE whose bound is not proved ("recursive CTE `c` has no bound: no LIMIT, counter or finite walk proves that it ends (…; not a counter: counter `x` moves away from its limit (`x > 0`); not a finite walk: …)") | high | block |
 //! | a FROM clause combining more than `max_cross_joined_tables` relations without a join constraint ("FROM a, b, c, d, e combines 5 relations without a join constraint (a cartesian product), above the limit of 4") | high | block |
 //!
 //! Identical reasons are reported once; at most [`MAX_FINDINGS`] findings are listed, then
@@ -59,21 +59,50 @@
 //!
 //! # Recursion without a bound
 //! A CTE whose body references its own name is recursive (with or without the `RECURSIVE`
-//! keyword: SQLite treats a self-referencing CTE as recursive either way). It is bounded when
-//! any of these holds:
-//! 1. its body has a `LIMIT n [OFFSET m]` with constants `0 ≤ n` and `n + m ≤
-//!    max_recursive_rows` (a negative LIMIT means "no limit" in SQLite);
-//! 2. every recursive member (each SELECT of the body whose FROM references the CTE) is
-//!    filtered: it has a WHERE clause, or a join with an ON / USING / NATURAL constraint, that
-//!    is not a tautology (`WHERE 1`, `WHERE x = x`, `ON TRUE`, … do not count; see
-//!    [`crate::SqlPolicy`]'s tautology rules). This is a heuristic: `WHERE x < 10` stops an
-//!    increasing counter, `JOIN emp ON emp.boss = c.id` stops when the data runs out;
-//! 3. the query that defines it reads it as a plain stream that a constant `LIMIT` (plus
-//!    `OFFSET`) of at most `max_recursive_rows` cuts off: its body is a single SELECT from the
-//!    CTE alone (no join, WHERE, DISTINCT, GROUP BY, HAVING, aggregate or window function),
-//!    it has no ORDER BY, and the CTE is referenced nowhere else. An aggregate (`SELECT
-//!    count(*) FROM c LIMIT 10`), an ORDER BY, a WHERE or a DISTINCT that no row satisfies
-//!    would make SQLite compute the recursion to its end before the LIMIT applies.
+//! keyword: SQLite treats a self-referencing CTE as recursive either way). It is allowed only
+//! when its bound is *proved*, by one of the shapes below; every other shape is a finding
+//! that says why none applies. This fails closed on purpose: a WHERE that is not a tautology
+//! can still be true for every row the recursion produces (a counter that starts at 1 and
+//! grows by 1 never fails `x > 0`, `x <> 0`, `x >= 1`, `x IS NOT NULL`, `length(x) >= 0`, nor
+//! a condition on a column the step never changes, and `x < 1e18` stops it only after 10¹⁸
+//! rows), and such a query runs until SQLite's own limits stop it.
+//! 1. **A LIMIT the outer query cannot defeat.** The body has a `LIMIT n [OFFSET m]` with
+//!    constants `0 ≤ n` and `n + m ≤ max_recursive_rows` (a negative LIMIT means "no limit"
+//!    in SQLite); or the query that defines the CTE reads it as a plain stream that such a
+//!    LIMIT cuts off: its body is a single SELECT from the CTE alone (no join, WHERE,
+//!    DISTINCT, GROUP BY, HAVING, aggregate or window function), it has no ORDER BY, and the
+//!    CTE is referenced nowhere else. An aggregate (`SELECT count(*) FROM c LIMIT 10`), an
+//!    ORDER BY, a WHERE or a DISTINCT that no row satisfies would make SQLite compute the
+//!    recursion to its end before the LIMIT applies.
+//! 2. **A counter.** The body has exactly one recursive member (a SELECT that references the
+//!    CTE), and its FROM is the CTE alone (`FROM c` or `FROM c AS t`: a joined table would
+//!    multiply every step). Every other member (an anchor) is a FROM-less SELECT or a VALUES
+//!    list that gives a column `x` a numeric literal start `s` (integer or real, signed). The
+//!    step selects `x + d`, `d + x` or `x - d` for that column, with a numeric literal
+//!    `d ≠ 0`. A top-level AND conjunct of the step's WHERE compares `x` (bare, or qualified
+//!    by the CTE's name or alias) with a numeric literal `L` that the counter moves towards:
+//!    `x < L`, `x <= L`, `x BETWEEN a AND b` (its upper end) for an increasing counter,
+//!    `x > L`, `x >= L`, `x BETWEEN a AND b` (its lower end) for a decreasing one, operands
+//!    either way round (`1000 > x`), or `x <> L` / `x != L` when the counter hits `L`
+//!    exactly (integers, `L - s` a non-negative multiple of `d`). The CTE's columns are
+//!    named by its column list (`c(x)`) or else by the first member's select list
+//!    (`SELECT 1 AS x`). The rows are counted, anchors included — from 1 by 1 while
+//!    `x < 1000` is 1 + 999 rows — and must be at most `max_recursive_rows`; with several
+//!    such conjuncts the tightest counts. Integer counters are counted exactly and must stay
+//!    within 64-bit integers (past them SQLite switches to reals, which may stop moving); a
+//!    real start or step is counted from above, allowing every step a rounding error, and a
+//!    step too small to move a real of the counter's size (`1e17 + 1`) is no proof. Text
+//!    limits (`x < '10'`: in SQLite every number is below every text) and expressions are
+//!    not numeric literals.
+//! 3. **A finite walk.** Every set operator of the body is `UNION` (not `UNION ALL`), and
+//!    every column each recursive member selects is a constant or a bare column of a base
+//!    table in that member's FROM — qualified by the table's name or alias, `e.*`, or
+//!    unqualified when it is not a column of the CTE and the FROM holds only tables (no
+//!    derived table or table-valued function). The distinct rows are then drawn from finite
+//!    data, and `UNION` queues each at most once. With `UNION ALL` a cycle in the data
+//!    (`emp.boss` pointing back at an employee below) repeats rows forever; a value computed
+//!    along the walk (`depth + 1`, `path || ',' || id`) or copied from the CTE grows or is
+//!    not proved finite.
 //!
 //! # Cartesian products
 //! The width of a FROM clause is the number of relations multiplied together: each
@@ -89,6 +118,8 @@
 //! Spider gold query (the widest, in the training split, multiplies 3 relations:
 //! `a JOIN b JOIN c JOIN d ON …`); comma joins filtered by WHERE still count, because the
 //! condition may not restrict the product.
+
+mod recursion;
 
 use std::ops::ControlFlow;
 
@@ -130,8 +161,8 @@ pub struct ResourceLimitsConfig {
     /// Most relations one FROM clause may combine without a join constraint (default 4; at
     /// least 1).
     pub max_cross_joined_tables: usize,
-    /// Largest constant `LIMIT` (plus `OFFSET`), in rows, that counts as the bound of a
-    /// recursive CTE (default 1,000,000).
+    /// Most rows a recursive CTE's proved bound may allow: a constant `LIMIT` (plus
+    /// `OFFSET`), or the rows a counter stops after (default 1,000,000).
     pub max_recursive_rows: u64,
 }
 
@@ -577,21 +608,6 @@ fn constrains(op: &JoinOperator) -> bool {
     }
 }
 
-/// Whether any join inside `from` (nested joins included) has a real constraint.
-fn has_join_constraint(from: &[TableWithJoins]) -> bool {
-    from.iter().any(|twj| {
-        twj.joins.iter().any(|j| constrains(&j.join_operator))
-            || std::iter::once(&twj.relation)
-                .chain(twj.joins.iter().map(|j| &j.relation))
-                .any(|f| match f {
-                    TableFactor::NestedJoin {
-                        table_with_joins, ..
-                    } => has_join_constraint(std::slice::from_ref(table_with_joins.as_ref())),
-                    _ => false,
-                })
-    })
-}
-
 /// Rows a constant `LIMIT n [OFFSET m]` of `q` lets through (`n + m`); `None` without a
 /// LIMIT, with a negative one (no limit in SQLite) or a non-constant one.
 fn limit_rows(q: &Query) -> Option<f64> {
@@ -610,24 +626,6 @@ fn limit_rows(q: &Query) -> Option<f64> {
         None => 0.0,
     };
     Some(saturate(n + m))
-}
-
-/// The SELECTs of a query body whose FROM references `name`.
-fn recursive_members<'q>(body: &'q SetExpr, name: &str, out: &mut Vec<&'q Select>) {
-    match body {
-        SetExpr::Select(s) if count_refs(&s.from, name) > 0 => out.push(s),
-        SetExpr::SetOperation { left, right, .. } => {
-            recursive_members(left, name, out);
-            recursive_members(right, name, out);
-        }
-        SetExpr::Query(q) => recursive_members(&q.body, name, out),
-        _ => {}
-    }
-}
-
-/// Whether a recursive member has a WHERE or join constraint that can stop it.
-fn filtered(s: &Select) -> bool {
-    s.selection.as_ref().is_some_and(|w| !is_tautology(w)) || has_join_constraint(&s.from)
 }
 
 /// Whether the projection calls an aggregate or window function.
@@ -881,9 +879,8 @@ impl Walker<'_> {
             if limit_rows(&cte.query).is_some_and(within) {
                 continue;
             }
-            let mut members = Vec::new();
-            recursive_members(&cte.query.body, &name, &mut members);
-            if !members.is_empty() && members.iter().all(|s| filtered(s)) {
+            let proof = recursion::prove(cte, &name, max_rows);
+            if proof.is_ok() {
                 continue;
             }
             let outer = q.order_by.is_none()
@@ -902,10 +899,11 @@ impl Walker<'_> {
             if outer {
                 continue;
             }
+            let why = proof.err().unwrap_or_default();
             self.push(format!(
-                "recursive CTE `{}` has no bound: no constant LIMIT of at most {max_rows} rows \
-                 applies to it (in its body, or in a query that streams it), and its recursive \
-                 step has no WHERE or join condition that can stop it",
+                "recursive CTE `{}` has no bound: no LIMIT, counter or finite walk proves that \
+                 it ends (no constant LIMIT of at most {max_rows} rows applies to it, in its \
+                 body or in a query that streams it; {why})",
                 cte.alias.name.value
             ));
         }
@@ -1194,12 +1192,195 @@ mod tests {
             "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 10) SELECT x FROM c",
             "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 1000) SELECT sum(x) FROM c",
             "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c ORDER BY 1 LIMIT 5) SELECT count(*) FROM c",
-            "WITH RECURSIVE c(id) AS (SELECT 1 UNION ALL SELECT e.id FROM emp AS e JOIN c ON e.boss = c.id) SELECT count(*) FROM c",
+            "WITH RECURSIVE c(id) AS (SELECT 1 UNION SELECT e.id FROM emp AS e JOIN c ON e.boss = c.id) SELECT count(*) FROM c",
             "WITH c AS (SELECT * FROM singer) SELECT count(*) FROM c",
             "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT x + 1 AS y FROM c LIMIT 10",
         ] {
             assert_eq!(reasons(sql), Vec::<String>::new(), "{sql}");
         }
+    }
+
+    /// The explanation of the single recursion finding of `sql`.
+    fn unbounded_because(sql: &str) -> String {
+        let r = reasons(sql);
+        assert_eq!(r.len(), 1, "{sql}: {r:?}");
+        assert!(
+            r[0].starts_with("recursive CTE `c` has no bound: no LIMIT, counter or finite walk"),
+            "{r:?}"
+        );
+        r[0].clone()
+    }
+
+    #[test]
+    fn a_condition_that_is_not_a_tautology_is_no_bound() {
+        let base = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE";
+        for (cond, why) in [
+            ("x > 0", "counter `x` moves away from its limit (`x > 0`)"),
+            ("0 < x", "counter `x` moves away from its limit (`0 < x`)"),
+            ("x >= 1", "counter `x` moves away from its limit"),
+            (
+                "x <> 0",
+                "counter `x` never reaches its limit exactly (`x <> 0`)",
+            ),
+            ("x != 0", "never reaches its limit exactly"),
+            (
+                "x IS NOT NULL",
+                "WHERE compares no column of `c` with a numeric constant",
+            ),
+            (
+                "length(x) >= 0",
+                "WHERE compares no column of `c` with a numeric constant",
+            ),
+            (
+                "x < '10'",
+                "WHERE compares no column of `c` with a numeric constant",
+            ),
+            (
+                "x < 10 OR x > 0",
+                "WHERE compares no column of `c` with a numeric constant",
+            ),
+            (
+                "x < 1e18",
+                "counter `x` allows 1000000000000004096 rows under `x < 1e18`, above the limit \
+                 of 1000000",
+            ),
+            (
+                "x < 1000001",
+                "counter `x` allows 1000001 rows under `x < 1000001`, above the limit of 1000000",
+            ),
+            (
+                "x < 1e300",
+                "counter `x` leaves the 64-bit range before its limit stops it",
+            ),
+        ] {
+            let r = unbounded_because(&format!("{base} {cond}) SELECT count(*) FROM c"));
+            assert!(r.contains(why), "{cond}: {r}");
+            assert!(
+                r.contains(
+                    "not a finite walk: the recursive step selects `x + 1`, not a bare \
+                            base-table column or a constant"
+                ),
+                "{cond}: {r}"
+            );
+        }
+        let r = unbounded_because(
+            "WITH RECURSIVE c(x, y) AS (SELECT 1, 5 UNION ALL SELECT x+1, y FROM c WHERE y < 10) \
+             SELECT count(*) FROM c",
+        );
+        assert!(
+            r.contains("the step sets `y` to `y`, not `y` plus or minus a numeric constant"),
+            "{r}"
+        );
+        let r = unbounded_because(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 10 UNION ALL \
+             SELECT x+1 FROM c WHERE x < 10) SELECT count(*) FROM c",
+        );
+        assert!(r.contains("it has 2 recursive members"), "{r}");
+        let r = unbounded_because(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT c.x+1 FROM c, singer WHERE c.x < 10) \
+             SELECT count(*) FROM c",
+        );
+        assert!(r.contains("reads more than `c` alone"), "{r}");
+        let r = unbounded_because(
+            "WITH RECURSIVE c(x) AS (SELECT age FROM singer UNION ALL SELECT x+1 FROM c WHERE x < 10) \
+             SELECT count(*) FROM c",
+        );
+        assert!(r.contains("does not start at a numeric constant"), "{r}");
+    }
+
+    #[test]
+    fn a_walk_needs_union_and_base_table_columns() {
+        let r = unbounded_because(
+            "WITH RECURSIVE c(id) AS (SELECT 1 UNION ALL SELECT e.id FROM emp AS e JOIN c ON \
+             e.boss = c.id) SELECT count(*) FROM c",
+        );
+        assert!(
+            r.contains("not a finite walk: `UNION ALL` repeats rows on a cycle in the data"),
+            "{r}"
+        );
+        for (sql, why) in [
+            (
+                "WITH RECURSIVE c(id, d) AS (SELECT 1, 0 UNION SELECT e.id, c.d + 1 FROM emp AS e \
+                 JOIN c ON e.boss = c.id) SELECT count(*) FROM c",
+                "selects `c.d + 1`, not a bare base-table column or a constant",
+            ),
+            (
+                "WITH RECURSIVE c(id) AS (SELECT 1 UNION SELECT c.id FROM emp AS e JOIN c ON \
+                 e.boss = c.id) SELECT count(*) FROM c",
+                "selects `c.id`, a column of `c` itself",
+            ),
+            (
+                "WITH RECURSIVE c(id) AS (SELECT 1 UNION SELECT id FROM emp AS e JOIN c ON \
+                 e.boss = c.id) SELECT count(*) FROM c",
+                "selects `id`, which may be a column of `c` itself",
+            ),
+            (
+                "WITH RECURSIVE c(id) AS (SELECT 1 UNION SELECT * FROM emp AS e JOIN c ON \
+                 e.boss = c.id) SELECT count(*) FROM c",
+                "selects `*`",
+            ),
+            (
+                "WITH RECURSIVE c(id) AS (SELECT 1 UNION SELECT t.value FROM c, \
+                 generate_series(1, 10) AS t) SELECT count(*) FROM c",
+                "selects `t.value`, not a bare base-table column",
+            ),
+            (
+                "WITH RECURSIVE c(id) AS (SELECT 1 EXCEPT SELECT e.id FROM emp AS e JOIN c ON \
+                 e.boss = c.id) SELECT count(*) FROM c",
+                "combined with `EXCEPT`, not `UNION`",
+            ),
+        ] {
+            let r = unbounded_because(sql);
+            assert!(r.contains(why), "{sql}: {r}");
+        }
+        for sql in [
+            "WITH RECURSIVE c(id) AS (SELECT 1 UNION SELECT e.id FROM emp AS e JOIN c ON e.boss = c.id) SELECT count(*) FROM c",
+            "WITH RECURSIVE c(id, k) AS (SELECT 1, 'a' UNION SELECT emp.id, 'b' FROM c JOIN emp ON emp.boss = c.id) SELECT count(*) FROM c",
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION SELECT dst FROM edges JOIN c ON src = n) SELECT count(*) FROM c",
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION SELECT e.* FROM edges AS e JOIN c ON e.src = c.n) SELECT count(*) FROM c",
+        ] {
+            assert_eq!(reasons(sql), Vec::<String>::new(), "{sql}");
+        }
+    }
+
+    #[test]
+    fn counters_are_counted_against_max_recursive_rows() {
+        // start 1, step 1, x < 1000: 999 rows from the recursion and the anchor's.
+        let sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 1000) \
+                   SELECT count(*) FROM c";
+        let limit = |n: u64| ResourceLimitsConfig {
+            max_recursive_rows: n,
+            ..ResourceLimitsConfig::default()
+        };
+        assert!(reasons_with(limit(1000), sql).is_empty());
+        let r = reasons_with(limit(999), sql);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(
+            r[0].contains("counter `x` allows 1000 rows under `x < 1000`"),
+            "{r:?}"
+        );
+        // Two anchors: 1..=200 and 100..=200.
+        let two = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT 100 UNION ALL SELECT x+1 \
+                   FROM c WHERE x < 200) SELECT count(*) FROM c";
+        assert!(reasons_with(limit(301), two).is_empty());
+        assert_eq!(reasons_with(limit(300), two).len(), 1);
+        // The tightest of several conjuncts counts.
+        let tight = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 1e18 \
+                     AND x <= 10 AND x > 0) SELECT count(*) FROM c";
+        assert!(reasons_with(limit(11), tight).is_empty());
+        assert_eq!(reasons_with(limit(10), tight).len(), 1);
+        // BETWEEN bounds an increasing counter by its upper end, a decreasing one by its lower.
+        let between = |start: i32, step: &str| {
+            format!(
+                "WITH RECURSIVE c(x) AS (SELECT {start} UNION ALL SELECT x {step} FROM c WHERE x \
+                 BETWEEN 0 AND 10) SELECT count(*) FROM c"
+            )
+        };
+        // (0..=10 pass the WHERE: 11 rows from the recursion and the anchor's.)
+        assert!(reasons_with(limit(12), &between(0, "+ 1")).is_empty());
+        assert_eq!(reasons_with(limit(11), &between(0, "+ 1")).len(), 1);
+        assert!(reasons_with(limit(12), &between(10, "- 1")).is_empty());
+        assert_eq!(reasons_with(limit(11), &between(10, "- 1")).len(), 1);
     }
 
     #[test]
