@@ -659,3 +659,53 @@ async fn metrics_count_requests_and_tokens() {
         .unwrap();
     assert!(generated >= 3.0, "{text}");
 }
+
+/// The turn after a tool call, as LangChain and the OpenAI Agents SDK send it: the assistant's
+/// message has `"content": null` and `tool_calls` whose arguments are a JSON string. vLLM
+/// renders the null content as empty text; so does agl (SmolLM2's template used to fail with
+/// "unsupported types string and none").
+#[tokio::test]
+async fn a_tool_call_turn_with_null_content_is_rendered() {
+    let Some(engine) = engine() else { return };
+    let app = app(&engine);
+    let call = |arguments: Value| {
+        json!({
+            "max_tokens": 4,
+            "temperature": 0,
+            "messages": [
+                {"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": null, "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": arguments}
+                }]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}
+            ]
+        })
+    };
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &call(json!("{\"city\": \"Paris\"}")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["choices"][0]["message"]["content"].is_string(),
+        "{body}"
+    );
+    // a missing content is the same as null
+    let mut no_content = call(json!({"city": "Paris"}));
+    no_content["messages"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("content");
+    let (status, body) = post_json(&app, "/v1/chat/completions", &no_content).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // arguments that are not JSON are named
+    let (status, body) = post_json(&app, "/v1/chat/completions", &call(json!("{\"city\": "))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        body["error"]["param"], "messages[1].tool_calls[0].function.arguments",
+        "{body}"
+    );
+}

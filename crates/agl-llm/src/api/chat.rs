@@ -2,7 +2,8 @@
 //!
 //! The messages are rendered with the model's chat template (`tools` passed to it, the
 //! assistant's header appended unless `add_generation_prompt` is false) and tokenized without
-//! adding special tokens (the template writes them), as vLLM does. Not responsible for
+//! adding special tokens (the template writes them), as vLLM does; a `null` content renders as
+//! empty text and tool-call arguments as objects (see `normalize_messages`). Not responsible for
 //! sampling (the engine) or tool-call parsing (`content` is the raw generated text).
 
 use std::collections::VecDeque;
@@ -39,8 +40,12 @@ pub(crate) async fn chat_completions(
     }
 }
 
-/// Message `content` given as a list of parts becomes one string (text parts joined by
-/// newlines, as vLLM does), so every template sees a string.
+/// Every template sees `content` as a string, as vLLM renders it: a list of parts becomes one
+/// string (text parts joined by newlines), and a `null` or missing `content` (an assistant turn
+/// that only calls tools, as LangChain and the OpenAI Agents SDK send it) becomes `""`. An
+/// assistant's `tool_calls[].function.arguments` given as a JSON string (OpenAI's shape) is
+/// parsed into the object it encodes, so a template's `tojson` does not encode it twice;
+/// arguments that are not valid JSON are a 400 naming the field.
 fn normalize_messages(messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -61,6 +66,29 @@ fn normalize_messages(messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
             };
             if !obj.get("role").is_some_and(Value::is_string) {
                 return Err(ApiError::invalid(&format!("messages[{i}].role"), format!("`messages[{i}].role` must be a string")));
+            }
+            if obj.get("content").is_none_or(Value::is_null) {
+                obj.insert("content".into(), Value::String(String::new()));
+            }
+            if let Some(Value::Array(calls)) = obj.get_mut("tool_calls") {
+                for (j, call) in calls.iter_mut().enumerate() {
+                    let Some(args) = call.get_mut("function").and_then(|f| f.get_mut("arguments"))
+                    else {
+                        continue;
+                    };
+                    if let Value::String(text) = args {
+                        let parsed: Value = serde_json::from_str(text).map_err(|e| {
+                            ApiError::invalid(
+                                &format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                                format!(
+                                    "`messages[{i}].tool_calls[{j}].function.arguments` is not \
+                                     valid JSON: {e}"
+                                ),
+                            )
+                        })?;
+                        *args = parsed;
+                    }
+                }
             }
             if let Some(Value::Array(parts)) = obj.get("content") {
                 let mut texts = Vec::with_capacity(parts.len());
