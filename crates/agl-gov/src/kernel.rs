@@ -2,7 +2,8 @@
 //! policy on every action.
 //!
 //! Responsible for the verdict rule (enforce vs audit, "block wins, then modify, then warn"),
-//! failing closed when a policy errors or panics, applying per-policy configuration
+//! failing closed when a policy errors or panics (a panic inside the SQL parser is not a policy
+//! panic: [`parse_sql`] turns it into a silent parse failure), applying per-policy configuration
 //! ([`PolicyOptions`]), signals, telling policies what happened (`record_outcome`) and
 //! appending one flight-recorder entry per decision. Not responsible for executing actions (the
 //! caller does that when [`Decision::executes`] is true) nor for what any individual policy

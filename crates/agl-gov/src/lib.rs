@@ -55,7 +55,9 @@ pub use kernel::{FAIL_CLOSED_SEVERITY, Kernel, KernelStats, Policy, PolicyOption
 pub use policies::cost::COST_POLICY_NAME;
 pub use policies::sql::NameLists;
 pub use policies::sql::SQL_POLICY_NAME;
-pub use policies::sql_text::{MAX_SQL_BYTES, ParsedSql, RejectionKind, SqlRejection, parse_sql};
+pub use policies::sql_text::{
+    MAX_SQL_BYTES, ParsedSql, RejectionKind, SqlRejection, parse_sql, parser_panics,
+};
 pub use policies::{
     ANONYMOUS_KEY, ArgConstraint, CEDAR_POLICY_NAME, CEDAR_SCHEMA, CONTENT_POLICY_NAME,
     CedarConfig, CedarPolicy, Clock, ContentPolicy, ContentPolicyConfig, CostConfig,

@@ -233,3 +233,81 @@ fn reset_forgets_budgets_call_counts_and_rate_windows() {
     kernel.reset();
     assert_eq!(kernel.check(&call()).unwrap().verdict, Verdict::Allow);
 }
+
+/// Set in the child process of [`a_parser_panic_is_a_silent_parse_failure`]: `parser` checks
+/// the reproducer, `outside` panics outside the parser.
+const PANIC_CHILD: &str = "AGL_GOV_TEST_PANIC_CHILD";
+
+/// Text that makes sqlparser 0.59 panic in `parse_infix` (SQLite dialect) instead of
+/// returning an error.
+const PANICKING_SQL: &str = "SELECT * FROM t WHERE a REGEXP";
+
+/// The child's part: the verdict of the panicking text is exactly that of text that does not
+/// parse, the panic is counted, and (mode `outside`) a panic elsewhere still reaches the
+/// previous hook. Prints `child done` on success.
+fn panic_child(mode: &str) {
+    let k = kernel(GovernanceMode::Enforce);
+    let before = agl_gov::parser_panics();
+    let panicked = k
+        .check(&Action::sql("concert_singer", PANICKING_SQL))
+        .unwrap();
+    let unparsable = k
+        .check(&Action::sql("concert_singer", "SELECT * FROM t WHERE a ="))
+        .unwrap();
+    assert_eq!(agl_gov::parser_panics(), before + 1);
+    assert_eq!(panicked.verdict, Verdict::Block);
+    assert_eq!(panicked.verdict, unparsable.verdict);
+    let shape = |d: &agl_gov::Decision| {
+        d.violations
+            .iter()
+            .map(|v| (v.policy.clone(), v.severity, v.effect))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shape(&panicked), shape(&unparsable));
+    let reason = &panicked.violations[0].reason;
+    assert!(
+        reason.contains("SQL does not parse: the SQL parser panicked"),
+        "{reason}"
+    );
+    if mode == "outside" {
+        let r = std::panic::catch_unwind(|| panic!("a deliberate panic outside the parser"));
+        assert!(r.is_err());
+    }
+    println!("child done");
+}
+
+#[test]
+fn a_parser_panic_is_a_silent_parse_failure() {
+    if let Ok(mode) = std::env::var(PANIC_CHILD) {
+        panic_child(&mode);
+        return;
+    }
+    let run = |mode: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_parser_panic_is_a_silent_parse_failure",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(PANIC_CHILD, mode)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success() && stdout.contains("child done"),
+            "child ({mode}) failed:\n{stdout}\n{stderr}"
+        );
+        stderr
+    };
+    let stderr = run("parser");
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+    // The hook hands every other panic to the one it replaced.
+    let stderr = run("outside");
+    assert!(
+        stderr.contains("a deliberate panic outside the parser"),
+        "stderr: {stderr}"
+    );
+    assert_eq!(stderr.matches("panicked").count(), 1, "stderr: {stderr}");
+}

@@ -71,7 +71,9 @@
 //! * Dequeue errors are returned, not turned into "nothing to dequeue".
 //! * `wait_for_rollouts` accepts any timeout (Python refuses `timeout > 0.1`): the server caps
 //!   one wait at about 25 s (deviation Q16), so the client sends waits of at most 20 s until every
-//!   rollout is finished or the deadline passes.
+//!   rollout is finished or unknown, or the deadline passes. When an answer lacks some ids, one
+//!   `POST /rollouts/search` for them tells unknown ids (the wait is over) from unfinished ones
+//!   (the client waits again).
 //! * Single-entity getters answer `None` for `200 null` and for a not-found error of that entity;
 //!   other errors are returned (Python turns every error into `None`).
 //! * Proxies from the environment (`HTTP_PROXY`, …) are ignored, as aiohttp does by default.
@@ -93,7 +95,7 @@ use agl_core::{
 };
 use agl_store::{
     AttemptQuery, EntityKind, LightningStore, Paginated, ResourcesQuery, RolloutQuery,
-    RolloutUpdate, SpanQuery, StoreError, StoreStatistics, WorkerQuery,
+    RolloutUpdate, SpanQuery, StoreError, StoreStatistics, Window, WorkerQuery,
 };
 use agl_store::{AttemptUpdate, lifecycle};
 use bytes::Bytes;
@@ -470,6 +472,22 @@ impl StoreClient {
                 h.status
             )))
         }
+    }
+
+    /// Whether the server holds none of these rollouts. A wait answered with some ids
+    /// missing ends when they are all unknown (the server settles unknown ids at once), and
+    /// goes on when one exists but is unfinished (the server's cap on one wait, its shutdown,
+    /// or an older server that waited for unknown ids until the timeout).
+    async fn none_exist(&self, rollout_ids: Vec<String>) -> Result<bool, StoreError> {
+        let query = RolloutQuery {
+            rollout_id_in: Some(rollout_ids),
+            window: Window {
+                limit: Some(1),
+                offset: 0,
+            },
+            ..RolloutQuery::default()
+        };
+        Ok(self.query_rollouts(query).await?.total == 0)
     }
 
     fn check_open(&self) -> Result<(), StoreError> {
@@ -872,9 +890,13 @@ impl LightningStore for StoreClient {
                 )
                 .await?;
             let done: HashSet<&str> = finished.iter().map(|r| r.rollout_id.as_str()).collect();
-            let all_done = wanted.iter().all(|id| done.contains(id));
+            let missing: Vec<String> = wanted
+                .iter()
+                .filter(|id| !done.contains(*id))
+                .map(|id| (*id).to_string())
+                .collect();
             let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
-            if all_done || timed_out {
+            if missing.is_empty() || timed_out || self.none_exist(missing).await? {
                 return Ok(finished);
             }
         }

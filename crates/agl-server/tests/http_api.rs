@@ -926,6 +926,68 @@ async fn waits_return_terminal_rollouts_in_request_order_without_attempt_key() {
 }
 
 #[tokio::test]
+async fn waits_on_unknown_rollouts_answer_at_once() {
+    // Agent Lightning v0.3.0 answers at once for an id it does not hold, and its VERL daemon
+    // and APO poll with such ids; the timeout only bounds the wait for rollouts that exist.
+    let api = Api::memory();
+    let s = seed(&api).await;
+    api.post(
+        &format!("/v1/agl/rollouts/{}/attempts/latest", s.running),
+        json!({"status": "succeeded"}),
+    )
+    .await
+    .expect(StatusCode::OK);
+    for (body, expected) in [
+        (
+            json!({"rollout_ids": ["ro-unknown"], "timeout": 5}),
+            json!([]),
+        ),
+        (
+            json!({"rollout_ids": ["ro-unknown"], "timeout": null}),
+            json!([]),
+        ),
+        (
+            json!({"rollout_ids": ["ro-unknown", s.running], "timeout": 5}),
+            json!([s.running]),
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let reply = api
+            .post("/v1/agl/waits/rollouts", body.clone())
+            .await
+            .expect(StatusCode::OK);
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "{body} answered after {took:?}"
+        );
+        let got: Vec<&Value> = reply
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| &r["rollout_id"])
+            .collect();
+        assert_eq!(json!(got), expected, "{body}");
+    }
+    // A rollout that exists and is unfinished still holds the wait until the timeout.
+    let started = std::time::Instant::now();
+    let reply = api
+        .post(
+            "/v1/agl/waits/rollouts",
+            json!({"rollout_ids": ["ro-unknown", s.queued], "timeout": 1}),
+        )
+        .await
+        .expect(StatusCode::OK);
+    let took = started.elapsed();
+    assert_eq!(reply, json!([]));
+    assert!(
+        took >= Duration::from_millis(900),
+        "answered after {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+}
+
+#[tokio::test]
 async fn other_otlp_signals_are_501() {
     let api = Api::memory();
     for path in ["/v1/metrics", "/v1/logs", "/v1/development/profiles"] {

@@ -283,33 +283,27 @@ impl State {
             .collect())
     }
 
-    /// Finished rollouts among `ids` (request order, unknown omitted), whether all are
-    /// finished, and the earliest Unix time at which the watchdog may change one of them.
+    /// Finished rollouts among `ids` (request order, unknown omitted), the unfinished ones,
+    /// and the earliest Unix time at which the watchdog may change one of them.
     fn wait_snapshot(&self, ids: &[String]) -> WaitSnapshot {
-        let mut done = Vec::new();
-        let mut all = true;
-        let mut next_wake: Option<f64> = None;
+        let mut snap = WaitSnapshot::default();
         for id in ids {
             let Some(&idx) = self.index.get(id) else {
-                all = false;
                 continue;
             };
             let entry = &self.entries[idx];
             if entry.rollout.status.is_finished() {
-                done.push(entry.rollout.clone());
+                snap.done.push(entry.rollout.clone());
                 continue;
             }
-            all = false;
-            if let Some(deadline) = entry
+            let at = entry
                 .attempts
                 .last()
                 .and_then(|a| lifecycle::watchdog_deadline(&entry.rollout, a))
-            {
-                let at = deadline.max(self.debounce.next_scan_at());
-                next_wake = Some(next_wake.map_or(at, |w: f64| w.min(at)));
-            }
+                .map(|deadline| deadline.max(self.debounce.next_scan_at()));
+            snap.push_unfinished(id, at);
         }
-        (done, all, next_wake)
+        snap
     }
 }
 
@@ -846,6 +840,8 @@ mod tests {
         wait_wakes_when_finished,
         wait_reports_current_states,
         wait_returns_at_timeout,
+        wait_unknown_ids_return_at_once,
+        wait_running_waits_for_timeout,
         workers_idle_busy,
         update_rollout_requeues_and_end_time,
         start_rollout_and_start_attempt,

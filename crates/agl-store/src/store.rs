@@ -303,8 +303,10 @@ pub trait LightningStore: Send + Sync {
         query: ResourcesQuery,
     ) -> Result<Paginated<ResourcesUpdate>, StoreError>;
 
-    /// Waits until every listed rollout is finished (`succeeded`/`failed`/`cancelled`) or the
-    /// timeout elapses, then returns the finished ones in request order (unknown ids omitted).
+    /// Waits until every listed rollout is finished (`succeeded`/`failed`/`cancelled`) or
+    /// unknown, or the timeout elapses, then returns the finished ones in request order
+    /// (unknown ids omitted). An id the store does not hold never makes the call wait (as in
+    /// Agent Lightning v0.3.0): a list of unknown and finished ids answers at once.
     /// `Some(Duration::ZERO)` checks once; `None` waits without limit.
     async fn wait_for_rollouts(
         &self,

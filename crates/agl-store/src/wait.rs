@@ -1,16 +1,17 @@
 //! The `wait_for_rollouts` loop every backend shares.
 //!
-//! Responsible for waiting until listed rollouts are finished or a timeout passes, without
-//! busy polling: a backend provides a *snapshot* of some ids (the finished rollouts among them,
-//! whether all are finished, and the earliest watchdog deadline among the unfinished) and a
-//! `tokio::sync::watch` channel bumped after every change that finished a rollout; this loop
-//! sleeps until that channel moves, the next watchdog deadline, an optional periodic re-check
-//! (for writers in other processes), or the timeout. Only the ids not yet seen finished are
-//! re-checked on each wake-up (O(pending), not O(n)); the answer always comes from one
-//! snapshot of every id, so it reflects the states when the wait returns, in request order.
+//! Responsible for waiting until every listed rollout is finished *or unknown* (an id the store
+//! does not hold settles at once, as in Agent Lightning v0.3.0, whose clients poll with unknown
+//! ids and `timeout: 0`) or a timeout passes, without busy polling: a backend provides a
+//! *snapshot* of some ids (the finished rollouts among them, the ids of the rollouts still
+//! unfinished, and the earliest watchdog deadline among those) and a `tokio::sync::watch`
+//! channel bumped after every change that finished a rollout; this loop sleeps until that
+//! channel moves, the next watchdog deadline, an optional periodic re-check (for writers in
+//! other processes), or the timeout. Only the ids still unfinished are re-checked on each
+//! wake-up (O(pending), not O(n)); the answer always comes from one snapshot of every id, so it
+//! reflects the states when the wait returns, in request order.
 //! Not responsible for reading the store (the backends' snapshots do).
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,18 +21,26 @@ use tokio::sync::watch;
 
 use crate::error::StoreError;
 
-/// What a backend reports for a list of ids: the finished rollouts among them (request order,
-/// unknown ids omitted), whether every id is a finished rollout, and the earliest Unix time
-/// (seconds) at which the watchdog may finish one of the others.
-pub type WaitSnapshot = (Vec<Rollout>, bool, Option<f64>);
+/// What a backend reports for a list of ids. Every id is in exactly one place: among `done`,
+/// among `unfinished`, or nowhere (the store does not hold it).
+#[derive(Debug, Default)]
+pub struct WaitSnapshot {
+    /// The finished rollouts among the ids, in request order.
+    pub done: Vec<Rollout>,
+    /// The ids of the rollouts the store holds that are not finished, in request order.
+    pub unfinished: Vec<String>,
+    /// The earliest Unix time (seconds) at which the watchdog may finish one of `unfinished`.
+    pub watchdog_at: Option<f64>,
+}
 
-/// The ids of `ids` that are not among `done`, in order.
-fn not_in(ids: &[String], done: &[Rollout]) -> Arc<[String]> {
-    let done: HashSet<&str> = done.iter().map(|r| r.rollout_id.as_str()).collect();
-    ids.iter()
-        .filter(|id| !done.contains(id.as_str()))
-        .cloned()
-        .collect()
+impl WaitSnapshot {
+    /// Records an unfinished rollout and the time (if any) the watchdog may finish it.
+    pub fn push_unfinished(&mut self, id: &str, watchdog_at: Option<f64>) {
+        self.unfinished.push(id.to_string());
+        if let Some(at) = watchdog_at {
+            self.watchdog_at = Some(self.watchdog_at.map_or(at, |w| w.min(at)));
+        }
+    }
 }
 
 /// Waits for `rollout_ids` as `LightningStore::wait_for_rollouts` documents. `recheck` bounds
@@ -54,18 +63,18 @@ where
     loop {
         // Mark the current version as seen *before* looking, so no finish is missed.
         finished.borrow_and_update();
-        let (done, _, watchdog_at) = snapshot(Arc::clone(&pending)).await?;
-        if !done.is_empty() {
-            pending = not_in(&pending, &done);
-        }
+        let now_pending = snapshot(Arc::clone(&pending)).await?;
+        let watchdog_at = now_pending.watchdog_at;
+        // Finished and unknown ids are settled; only the unfinished ones are waited for.
+        pending = now_pending.unfinished.into();
         let timed_out = deadline.is_some_and(|d| d <= tokio::time::Instant::now());
         if pending.is_empty() || timed_out {
-            let (done, all, _) = snapshot(Arc::clone(&all_ids)).await?;
-            if all || timed_out {
-                return Ok(done);
+            let all = snapshot(Arc::clone(&all_ids)).await?;
+            if all.unfinished.is_empty() || timed_out {
+                return Ok(all.done);
             }
             // A rollout left its finished status meanwhile (re-enqueued): keep waiting.
-            pending = not_in(&all_ids, &done);
+            pending = all.unfinished.into();
         }
         let tokio_now = tokio::time::Instant::now();
         let now = now_seconds();

@@ -113,7 +113,8 @@ pub use self::transitions::{
     allowed_transitions_apply, illegal_transitions_refused, invalid_inputs_rejected,
 };
 pub use self::wait::{
-    wait_reports_current_states, wait_returns_at_timeout, wait_wakes_when_finished,
+    wait_reports_current_states, wait_returns_at_timeout, wait_running_waits_for_timeout,
+    wait_unknown_ids_return_at_once, wait_wakes_when_finished,
 };
 pub use self::watchdog::{
     retry_then_fail, run_watchdog_detects_timeouts, timeout_watchdog, unresponsive_recovers,
@@ -242,6 +243,12 @@ pub const CASES: &[(&str, CaseFn)] = &[
     }),
     ("wait_returns_at_timeout", |s| {
         Box::pin(wait_returns_at_timeout(s))
+    }),
+    ("wait_unknown_ids_return_at_once", |s| {
+        Box::pin(wait_unknown_ids_return_at_once(s))
+    }),
+    ("wait_running_waits_for_timeout", |s| {
+        Box::pin(wait_running_waits_for_timeout(s))
     }),
     ("workers_idle_busy", |s| Box::pin(workers_idle_busy(s))),
     ("update_rollout_requeues_and_end_time", |s| {

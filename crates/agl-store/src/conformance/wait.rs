@@ -1,9 +1,10 @@
 //! Conformance cases for `wait_for_rollouts`: waking when a rollout finishes, reporting the
-//! states current when it returns, and returning at the timeout.
+//! states current when it returns, returning at the timeout, and never waiting for ids the
+//! store does not hold.
 //!
 //! Not covered here: the watchdog timeouts a wait resolves (`watchdog`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agl_core::{AttemptStatus, EnqueueRolloutRequest, RolloutStatus};
 use serde_json::json;
@@ -146,5 +147,81 @@ pub async fn wait_returns_at_timeout(store: &dyn LightningStore) -> CaseResult {
         .await
         .ctx("wait")?;
     ensure_eq!(unbounded.len(), 1, "a huge timeout behaves like no limit");
+    Ok(())
+}
+
+/// An id the store does not hold never makes the call wait: alone or next to a finished
+/// rollout, the answer comes at once (well within 100 ms) even with a 5 s timeout or none, and
+/// the unknown id is simply absent from it.
+pub async fn wait_unknown_ids_return_at_once(store: &dyn LightningStore) -> CaseResult {
+    let unknown = vec!["ro-unknown".to_string()];
+    for timeout in [Some(Duration::from_secs(5)), None] {
+        let started = Instant::now();
+        let got = tokio::time::timeout(
+            Duration::from_secs(10),
+            store.wait_for_rollouts(&unknown, timeout),
+        )
+        .await
+        .map_err(|_| format!("an unknown id with timeout {timeout:?} blocked for 10 s"))?
+        .ctx("wait")?;
+        let took = started.elapsed();
+        ensure!(got.is_empty(), "an unknown id is absent from the answer");
+        ensure!(
+            took < Duration::from_millis(100),
+            "an unknown id with timeout {timeout:?} answered after {took:?}"
+        );
+    }
+    let done = store
+        .start_rollout(EnqueueRolloutRequest::new(json!(1)), None)
+        .await
+        .ctx("start")?;
+    let done_id = done.rollout.rollout_id;
+    store
+        .update_attempt(&done_id, "latest", status(AttemptStatus::Succeeded))
+        .await
+        .ctx("succeed")?;
+    let ids = vec![
+        "ro-unknown-1".to_string(),
+        done_id.clone(),
+        "ro-unknown-2".to_string(),
+    ];
+    let started = Instant::now();
+    let got = store
+        .wait_for_rollouts(&ids, Some(Duration::from_secs(5)))
+        .await
+        .ctx("wait")?;
+    let took = started.elapsed();
+    let got_ids: Vec<&str> = got.iter().map(|r| r.rollout_id.as_str()).collect();
+    ensure_eq!(got_ids, vec![done_id.as_str()], "the finished rollout only");
+    ensure!(
+        took < Duration::from_millis(100),
+        "unknown and finished ids answered after {took:?}"
+    );
+    Ok(())
+}
+
+/// A rollout the store holds that is still running keeps the call waiting until the timeout
+/// (about 1 s here), even next to an unknown id.
+pub async fn wait_running_waits_for_timeout(store: &dyn LightningStore) -> CaseResult {
+    let running = store
+        .start_rollout(EnqueueRolloutRequest::new(json!(1)), None)
+        .await
+        .ctx("start")?;
+    let ids = vec![running.rollout.rollout_id, "ro-unknown".to_string()];
+    let started = Instant::now();
+    let got = store
+        .wait_for_rollouts(&ids, Some(Duration::from_secs(1)))
+        .await
+        .ctx("wait")?;
+    let took = started.elapsed();
+    ensure!(got.is_empty(), "nothing finished: {got:?}");
+    ensure!(
+        took >= Duration::from_millis(900),
+        "a running rollout with a 1 s timeout answered after only {took:?}"
+    );
+    ensure!(
+        took < Duration::from_secs(5),
+        "a running rollout with a 1 s timeout answered after {took:?}"
+    );
     Ok(())
 }

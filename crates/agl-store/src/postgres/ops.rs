@@ -1411,8 +1411,8 @@ impl<'c> Tx<'c> {
     }
 
     /// For `wait_for_rollouts`: the finished rollouts among `ids` (request order, unknown
-    /// omitted), whether all are finished, and the earliest Unix time at which the watchdog
-    /// may change one of them (`not_before`: the next lazy scan of this process).
+    /// omitted), the unfinished ones, and the earliest Unix time at which the watchdog may
+    /// change one of them (`not_before`: the next lazy scan of this process).
     pub(crate) async fn wait_snapshot(
         &self,
         ids: &[String],
@@ -1424,29 +1424,23 @@ impl<'c> Tx<'c> {
             let row = decode_rollout(&r)?;
             found.insert(row.rollout.rollout_id.clone(), row);
         }
-        let mut done = Vec::new();
-        let mut all = true;
-        let mut next_wake: Option<f64> = None;
+        let mut snap = crate::wait::WaitSnapshot::default();
         for id in ids {
             let Some(row) = found.get(id) else {
-                all = false;
                 continue;
             };
             if row.rollout.status.is_finished() {
-                done.push(row.rollout.clone());
+                snap.done.push(row.rollout.clone());
                 continue;
             }
-            all = false;
-            if let Some(deadline) = self
+            let at = self
                 .latest_attempt(row)
                 .await?
                 .and_then(|(_, a)| lifecycle::watchdog_deadline(&row.rollout, &a))
-            {
-                let at = deadline.max(not_before);
-                next_wake = Some(next_wake.map_or(at, |w: f64| w.min(at)));
-            }
+                .map(|deadline| deadline.max(not_before));
+            snap.push_unfinished(id, at);
         }
-        Ok((done, all, next_wake))
+        Ok(snap)
     }
 
     async fn count_by_status(&self, sql: &'static str) -> Result<Vec<(String, u64)>, StoreError> {

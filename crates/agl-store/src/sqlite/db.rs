@@ -1349,34 +1349,28 @@ impl Ctx {
     }
 
     /// For `wait_for_rollouts`: the finished rollouts among `ids` (request order, unknown
-    /// omitted), whether all are finished, and the earliest Unix time at which the watchdog
-    /// may change one of them.
+    /// omitted), the unfinished ones, and the earliest Unix time at which the watchdog may
+    /// change one of them.
     pub(crate) fn wait_snapshot(
         &self,
         ids: &[String],
     ) -> Result<crate::wait::WaitSnapshot, StoreError> {
-        let mut done = Vec::new();
-        let mut all = true;
-        let mut next_wake: Option<f64> = None;
+        let mut snap = crate::wait::WaitSnapshot::default();
         for id in ids {
             let Some(row) = self.rollout_by_id(id)? else {
-                all = false;
                 continue;
             };
             if row.rollout.status.is_finished() {
-                done.push(row.rollout);
+                snap.done.push(row.rollout);
                 continue;
             }
-            all = false;
-            if let Some(deadline) = self
+            let at = self
                 .latest_attempt(&row)?
                 .and_then(|(_, a)| lifecycle::watchdog_deadline(&row.rollout, &a))
-            {
-                let at = deadline.max(self.debounce.next_scan_at());
-                next_wake = Some(next_wake.map_or(at, |w: f64| w.min(at)));
-            }
+                .map(|deadline| deadline.max(self.debounce.next_scan_at()));
+            snap.push_unfinished(id, at);
         }
-        Ok((done, all, next_wake))
+        Ok(snap)
     }
 
     fn count(&self, sql: &str) -> Result<u64, StoreError> {
