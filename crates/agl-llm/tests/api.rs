@@ -709,3 +709,35 @@ async fn a_tool_call_turn_with_null_content_is_rendered() {
         "{body}"
     );
 }
+
+/// A chat request without `max_tokens` generates at most the server's default
+/// (`agl llm serve --max-tokens-default`); a request that names its own limit keeps it.
+#[tokio::test]
+async fn the_server_default_bounds_a_request_without_max_tokens() {
+    let Some(engine) = engine() else { return };
+    let app = api::router(
+        engine.clone(),
+        ApiOptions {
+            default_max_tokens: Some(3),
+            ..ApiOptions::default()
+        },
+    );
+    let story = json!([{"role": "user", "content": "Tell me a long story about a dragon."}]);
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &json!({"messages": story, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 3, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    let (status, body) = post_json(
+        &app,
+        "/v1/chat/completions",
+        &json!({"messages": story, "temperature": 0, "max_tokens": 7}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 7, "{body}");
+}

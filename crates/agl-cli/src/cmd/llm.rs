@@ -46,6 +46,11 @@ pub struct ServeArgs {
         value_name = "KEY"
     )]
     pub api_key: Option<String>,
+    /// Most new tokens of a chat completion that sets no `max_tokens` (clamped to the room the
+    /// prompt leaves); without it such a request may generate until the context is full, as
+    /// vLLM's do.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens_default: Option<u32>,
     /// Also serve the LLM gateway's per-attempt routes (`/rollout/{rid}/attempt/{aid}/v1/…`),
     /// recording every call in the agl store at URL (gateways scale out beside one store).
     #[arg(long, value_name = "URL")]
@@ -73,6 +78,7 @@ pub fn run(command: LlmCommand) -> anyhow::Result<ExitCode> {
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let started = start_engine(&args.engine.spec(), "agl llm serve")?;
     let (engine, name) = (started.engine.clone(), started.name.clone());
+    let default_max_tokens = args.max_tokens_default.map(|n| n as usize);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -83,7 +89,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             rt.block_on(client.health())
                 .with_context(|| format!("reaching the store at --store-url {url}"))?;
             let store: Arc<dyn LightningStore> = Arc::new(client);
-            let config = args.gateway.config(Upstream::InProcess(started.router()))?;
+            let upstream = api::router(
+                engine.clone(),
+                api::ApiOptions {
+                    default_max_tokens,
+                    ..started.options(None)
+                },
+            );
+            let config = args.gateway.config(Upstream::InProcess(upstream))?;
             eprintln!(
                 "agl llm serve: gateway routes on, recording in {url} ({})",
                 args.gateway.describe()
@@ -92,7 +105,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         None => axum::Router::new(),
     };
-    let router = api::router_with(engine.clone(), started.options(args.api_key.clone()), extra);
+    let options = api::ApiOptions {
+        default_max_tokens,
+        ..started.options(args.api_key.clone())
+    };
+    let router = api::router_with(engine.clone(), options, extra);
     let served = rt.block_on(async {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)

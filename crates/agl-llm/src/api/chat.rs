@@ -3,7 +3,10 @@
 //! The messages are rendered with the model's chat template (`tools` passed to it, the
 //! assistant's header appended unless `add_generation_prompt` is false) and tokenized without
 //! adding special tokens (the template writes them), as vLLM does; a `null` content renders as
-//! empty text and tool-call arguments as objects (see `normalize_messages`). Not responsible for
+//! empty text and tool-call arguments as objects (see `normalize_messages`). A request without
+//! `max_tokens` / `max_completion_tokens` may generate until the context is full (vLLM's
+//! default), or at most the server's `default_max_tokens` (`agl llm serve
+//! --max-tokens-default`). Not responsible for
 //! sampling (the engine) or tool-call parsing (`content` is the raw generated text).
 
 use std::collections::VecDeque;
@@ -148,7 +151,7 @@ async fn chat(
         _ => None,
     };
     let max_tokens = req.max_completion_tokens.or(req.common.max_tokens);
-    let params = generate::sampling(&req.common, max_tokens, logprobs)?;
+    let mut params = generate::sampling(&req.common, max_tokens, logprobs)?;
     let messages = normalize_messages(std::mem::take(&mut req.messages))?;
     let engine = state.engine.clone();
     let template = engine.chat_template().ok_or_else(|| {
@@ -168,6 +171,16 @@ async fn chat(
         .tokenizer()
         .encode(&text, false)
         .map_err(|e| ApiError::from_llm(e, "messages"))?;
+    // The server's default for a request that names no limit, within the room the prompt
+    // leaves (a prompt that fills the context is refused by the engine, naming both).
+    if max_tokens.is_none()
+        && let Some(default) = state.default_max_tokens
+    {
+        let room = engine.max_context().saturating_sub(prompt.len());
+        if room > 0 {
+            params.max_tokens = Some(default.min(room));
+        }
+    }
     let streams = generate::submit_all(
         &state,
         req.common.model.as_deref(),

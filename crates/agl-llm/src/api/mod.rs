@@ -62,6 +62,10 @@ pub struct ApiOptions {
     /// Where adapters loaded before the router was built came from (name → directory),
     /// shown as `root` in `/v1/models`.
     pub adapter_roots: HashMap<String, String>,
+    /// Most new tokens of a chat completion that names no `max_tokens` /
+    /// `max_completion_tokens` (clamped to the room the prompt leaves in the context); `None`:
+    /// the room itself, as vLLM does.
+    pub default_max_tokens: Option<usize>,
 }
 
 impl Default for ApiOptions {
@@ -71,6 +75,7 @@ impl Default for ApiOptions {
             body_limit_bytes: 32 * 1024 * 1024,
             model_root: None,
             adapter_roots: HashMap::new(),
+            default_max_tokens: None,
         }
     }
 }
@@ -84,6 +89,8 @@ pub(crate) struct AppState {
     started: u64,
     /// Adapter name → (directory, load time in Unix seconds).
     adapters: RwLock<HashMap<String, (String, u64)>>,
+    /// [`ApiOptions::default_max_tokens`].
+    pub(crate) default_max_tokens: Option<usize>,
 }
 
 /// The API's routes over `engine`, with authentication, the body limit and request metrics.
@@ -112,6 +119,7 @@ pub fn router_with(engine: Engine, options: ApiOptions, extra: Router) -> Router
         model_root: options.model_root,
         started,
         adapters: RwLock::new(adapters),
+        default_max_tokens: options.default_max_tokens,
     });
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
