@@ -71,6 +71,17 @@ fn corpus(text: &str) -> Vec<(SqlDialect, String, String)> {
         .collect()
 }
 
+/// A statement as written, lowercased, uppercased and wrapped in comments tagged `tag`: the
+/// four spellings each corpus check tries.
+fn spellings(sql: &str, tag: &str) -> [String; 4] {
+    [
+        sql.to_string(),
+        sql.to_lowercase(),
+        sql.to_uppercase(),
+        format!("/* {tag} */ {sql}\n-- end\n"),
+    ]
+}
+
 fn kernel() -> Kernel {
     Kernel::new(GovernanceMode::Enforce).with_policy(SqlPolicy::default())
 }
@@ -220,12 +231,7 @@ fn every_resource_exhaustion_input_is_blocked_by_the_strict_and_standard_example
         let mut tried = 0usize;
         let mut escaped = Vec::new();
         for (dialect, sql, raw) in &lines {
-            let variants = [
-                sql.clone(),
-                sql.to_lowercase(),
-                sql.to_uppercase(),
-                format!("/* resource */ {sql}\n-- end\n"),
-            ];
+            let variants = spellings(sql, "resource");
             for (i, variant) in variants.into_iter().enumerate() {
                 tried += 1;
                 let d = check(&k, *dialect, &variant);
@@ -296,12 +302,7 @@ fn every_unbounded_recursion_is_blocked_by_the_strict_and_standard_examples() {
         let mut tried = 0usize;
         let mut escaped = Vec::new();
         for (dialect, sql, raw) in &lines {
-            let variants = [
-                sql.clone(),
-                sql.to_lowercase(),
-                sql.to_uppercase(),
-                format!("/* recursion */ {sql}\n-- end\n"),
-            ];
+            let variants = spellings(sql, "recursion");
             for variant in variants {
                 tried += 1;
                 let d = check(&k, *dialect, &variant);
