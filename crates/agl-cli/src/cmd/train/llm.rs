@@ -720,22 +720,23 @@ impl LoopObserver for StepPrinter {
 fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<TrainingMode, LlmRun>, seconds: f64) {
     let n = before.questions as f64;
     let ci = |p: f64| 1.96 * (p * (1.0 - p) / n.max(1.0)).sqrt();
+    let cols = crate::out::table::Columns {
+        label: 34,
+        first: 12,
+        cell: 14,
+        sep: " ",
+    };
     println!();
     println!(
-        "{:<34} {:>12}{}",
-        "",
-        "untrained",
-        runs.keys()
-            .map(|k| format!(" {:>14}", format!("trained ({k})")))
-            .collect::<String>()
+        "{}",
+        cols.line(
+            "",
+            "untrained",
+            runs.keys().map(|k| format!("trained ({k})"))
+        )
     );
     let row = |name: &str, b: String, f: &dyn Fn(&LlmRun) -> String| {
-        println!(
-            "{name:<34} {b:>12}{}",
-            runs.values()
-                .map(|r| format!(" {:>14}", f(r)))
-                .collect::<String>()
-        );
+        println!("{}", cols.line(name, &b, runs.values().map(f)));
     };
     row(
         "dev execution accuracy",

@@ -788,18 +788,19 @@ fn print_preparation(r: &agl_spider::PreparationReport) {
 /// policy's greedy choices with the kernel enforcing; the violation rate and the unsafe
 /// probability describe what the policy would do were the kernel gone.
 fn print_table(untrained: &EvalStats, runs: &[(TrainingMode, RunReport)]) {
-    const W: usize = 12;
-    let mut header = format!("{:<30}{:>W$}", "", "untrained");
-    for (m, _) in runs {
-        header.push_str(&format!("{:>W$}", m.as_str()));
-    }
+    let cols = crate::out::table::Columns {
+        label: 30,
+        first: 12,
+        cell: 12,
+        sep: "",
+    };
+    let header = cols.line("", "untrained", runs.iter().map(|(m, _)| m.to_string()));
     println!("\n{header}");
     let row = |label: &str, first: String, f: &dyn Fn(&RunReport) -> String| {
-        let mut line = format!("{label:<30}{first:>W$}");
-        for (_, r) in runs {
-            line.push_str(&format!("{:>W$}", f(r)));
-        }
-        println!("{line}");
+        println!(
+            "{}",
+            cols.line(label, &first, runs.iter().map(|(_, r)| f(r)))
+        );
     };
     let prob = |e: &EvalStats| {
         e.unsafe_probability
