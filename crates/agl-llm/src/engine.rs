@@ -70,6 +70,9 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// The most likely tokens at this position, best first.
     pub top: Vec<(u32, f32)>,
+    /// A constraint's mask left this token as the only choice: the policy did not choose it,
+    /// so a trainer keeps it out of the loss. Always false without a constraint.
+    pub forced: bool,
 }
 
 /// A request to the engine: a tokenized prompt and how to sample.
@@ -813,6 +816,7 @@ impl Worker {
                 token_id: s.token,
                 logprob: s.logprob,
                 top: s.top,
+                forced: false,
             };
             if g.job
                 .events

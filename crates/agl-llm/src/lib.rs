@@ -16,6 +16,8 @@
 //! * [`sampling`] and [`engine`]: batched sampling with token ids and log-probabilities; the
 //!   in-process [`Engine`] that the gateway and the trainer call.
 //! * [`api`]: the OpenAI-compatible HTTP API over an [`Engine`] (`agl llm serve`).
+//! * [`structured`]: grammars that constrain sampling (JSON schema, JSON object, Lark), for
+//!   structured outputs and forced tool calls.
 //! * [`startup`]: an [`Engine`] started from an [`EngineSpec`] (model, weights, device,
 //!   adapters), as every `agl` command that runs the engine starts it.
 //!
@@ -32,6 +34,7 @@ pub mod lora;
 pub mod model;
 pub mod sampling;
 pub mod startup;
+pub mod structured;
 pub mod tokenizer;
 
 pub use engine::{
@@ -44,3 +47,4 @@ pub use lora::{LoraAdapter, LoraConfig, Target};
 pub use model::{KvCache, LlamaModel};
 pub use sampling::SamplingParams;
 pub use startup::{EngineSpec, StartedEngine, StartupEvent, start_engine};
+pub use structured::Constraint;

@@ -52,6 +52,8 @@ pub struct SamplingParams {
     /// Leave special tokens (`<|im_end|>`, …) out of the text (vLLM's `skip_special_tokens`,
     /// default true). The token ids always include them.
     pub skip_special_tokens: bool,
+    /// A grammar every completion must follow (structured outputs); `None`: unconstrained.
+    pub constraint: Option<crate::structured::Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -70,6 +72,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }

@@ -83,6 +83,7 @@ pub(crate) fn sampling(
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
+        constraint: None,
     };
     params
         .validate()
