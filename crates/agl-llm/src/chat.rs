@@ -42,6 +42,8 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// Whether the template renders `tools` (see [`ChatTemplate::supports_tools`]).
+    tools_supported: bool,
 }
 
 impl ChatTemplate {
@@ -67,12 +69,42 @@ impl ChatTemplate {
         let prepared = strip_generation_tags(source);
         env.add_template_owned(TEMPLATE_NAME, prepared)
             .map_err(|e| LlmError::ChatTemplate(describe(&e)))?;
-        Ok(Self {
+        let mut template = Self {
             env,
             source: source.to_string(),
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
-        })
+            tools_supported: false,
+        };
+        template.tools_supported = template.probe_tools();
+        Ok(template)
+    }
+
+    /// Whether the template puts a request's `tools` into the prompt, found by rendering one
+    /// user turn with and without a probe tool and comparing (SmolLM2's template ignores
+    /// `tools`; Qwen2.5's writes them in its system turn). A template that fails with tools
+    /// counts as not supporting them.
+    pub fn supports_tools(&self) -> bool {
+        self.tools_supported
+    }
+
+    fn probe_tools(&self) -> bool {
+        let messages = [serde_json::json!({"role": "user", "content": "Hello"})];
+        let tools = serde_json::json!([{
+            "type": "function",
+            "function": {
+                "name": "agl_probe_tool",
+                "description": "A probe.",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }]);
+        match (
+            self.render(&messages, None, true),
+            self.render(&messages, Some(&tools), true),
+        ) {
+            (Ok(without), Ok(with)) => without != with,
+            _ => false,
+        }
     }
 
     /// The template in a GGUF file's `tokenizer.chat_template`, with BOS/EOS texts from

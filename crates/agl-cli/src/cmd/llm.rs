@@ -51,6 +51,13 @@ pub struct ServeArgs {
     /// vLLM's do.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens_default: Option<u32>,
+    /// How tool calls are read out of the model's text, as vLLM's flag: `hermes`
+    /// (`<tool_call>{…}</tool_call>`, Qwen2.5 and others), `json` (the answer is a
+    /// `{"name", "parameters"}` object, Llama 3.1 style), `none` (requests that need tool calls
+    /// are refused), or `auto`: hermes when the chat template writes `<tool_call>` or renders no
+    /// tools (agl then describes the tools in the hermes format), json otherwise.
+    #[arg(long, value_name = "PARSER", default_value = "auto", value_parser = ["auto", "hermes", "json", "none"])]
+    pub tool_call_parser: String,
     /// Also serve the LLM gateway's per-attempt routes (`/rollout/{rid}/attempt/{aid}/v1/…`),
     /// recording every call in the agl store at URL (gateways scale out beside one store).
     #[arg(long, value_name = "URL")]
@@ -79,6 +86,21 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let started = start_engine(&args.engine.spec(), "agl llm serve")?;
     let (engine, name) = (started.engine.clone(), started.name.clone());
     let default_max_tokens = args.max_tokens_default.map(|n| n as usize);
+    let tool_call_parser: api::ToolCallParser =
+        args.tool_call_parser.parse().map_err(anyhow::Error::msg)?;
+    if let Some(template) = engine.chat_template() {
+        let how = match tool_call_parser.resolve(template) {
+            Some(format) if template.supports_tools() => {
+                format!("{} (the chat template renders the tools)", format.as_str())
+            }
+            Some(format) => format!(
+                "{} (the chat template ignores tools: agl writes them into the system message)",
+                format.as_str()
+            ),
+            None => "off (--tool-call-parser none)".to_string(),
+        };
+        eprintln!("agl llm serve: tool calls: {how}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -93,6 +115,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 engine.clone(),
                 api::ApiOptions {
                     default_max_tokens,
+                    tool_call_parser,
                     ..started.options(None)
                 },
             );
@@ -107,6 +130,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let options = api::ApiOptions {
         default_max_tokens,
+        tool_call_parser,
         ..started.options(args.api_key.clone())
     };
     let router = api::router_with(engine.clone(), options, extra);

@@ -1,13 +1,20 @@
 //! `POST /v1/chat/completions`: OpenAI's Chat Completions over the engine.
 //!
-//! The messages are rendered with the model's chat template (`tools` passed to it, the
-//! assistant's header appended unless `add_generation_prompt` is false) and tokenized without
-//! adding special tokens (the template writes them), as vLLM does; a `null` content renders as
-//! empty text and tool-call arguments as objects (see `normalize_messages`). A request without
-//! `max_tokens` / `max_completion_tokens` may generate until the context is full (vLLM's
-//! default), or at most the server's `default_max_tokens` (`agl llm serve
-//! --max-tokens-default`). Not responsible for
-//! sampling (the engine) or tool-call parsing (`content` is the raw generated text).
+//! The messages are rendered with the model's chat template (the assistant's header appended
+//! unless `add_generation_prompt` is false) and tokenized without adding special tokens (the
+//! template writes them), as vLLM does; a `null` content renders as empty text and tool-call
+//! arguments as objects (see `normalize_messages`). Tools, `tool_choice` and `response_format`
+//! follow [`super::tools`]: tools reach the template (or agl's hermes fallback when the
+//! template ignores them), a forced tool choice or a JSON format constrains sampling, and the
+//! answer's tool calls are parsed into `tool_calls`. A request without `max_tokens` /
+//! `max_completion_tokens` may generate until the context is full (vLLM's default), or at most
+//! the server's `default_max_tokens` (`agl llm serve --max-tokens-default`).
+//!
+//! Streaming with tool parsing on: text that may still become a tool call is held back (for
+//! hermes, from `<tool_call>` on; for json, an answer that starts with `{` or `[`); at the end
+//! each parsed call is sent whole as one `delta.tool_calls` chunk (id, type, name and all of its
+//! arguments), then the chunk with `finish_reason`. Text that parses as no call is sent as
+//! content then. So a stream and a plain answer to the same request carry the same calls.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,9 +30,10 @@ use super::error::ApiError;
 use super::generate::{
     self, ChunkFormat, Merged, Timing, finite_logprob, sse_data, stop_reason_json,
 };
+use super::tools::{ChatPlan, ToolCallFormat, fallback};
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob, Delta, TopLogprob, Usage,
+    ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob, Delta, ToolCall, TopLogprob, Usage,
 };
 use super::{AppState, from_value, parse_body};
 use crate::engine::{Engine, FinishReason, StopReason, TokenLogprob};
@@ -152,7 +160,6 @@ async fn chat(
     };
     let max_tokens = req.max_completion_tokens.or(req.common.max_tokens);
     let mut params = generate::sampling(&req.common, max_tokens, logprobs)?;
-    let messages = normalize_messages(std::mem::take(&mut req.messages))?;
     let engine = state.engine.clone();
     let template = engine.chat_template().ok_or_else(|| {
         ApiError::invalid(
@@ -160,13 +167,28 @@ async fn chat(
             "this model has no chat template: use /v1/completions with a prompt",
         )
     })?;
+    let format = state.tool_call_parser.resolve(template);
+    let plan = ChatPlan::read(&value, format)?;
+    let mut messages = normalize_messages(std::mem::take(&mut req.messages))?;
+    let tools = Value::Array(plan.tools_raw.clone());
+    let template_tools = if template.supports_tools() {
+        (!plan.tools_raw.is_empty()).then_some(&tools)
+    } else {
+        messages = fallback::rewrite(
+            messages,
+            Some(&plan.tools_raw),
+            format.unwrap_or(ToolCallFormat::Hermes),
+        );
+        None
+    };
     let text = template
         .render(
             &messages,
-            req.tools.as_ref(),
+            template_tools,
             req.add_generation_prompt.unwrap_or(true),
         )
         .map_err(|e| ApiError::from_llm(e, "messages"))?;
+    params.constraint = plan.constraint.as_ref().map(|(c, _)| c.clone());
     let prompt = engine
         .tokenizer()
         .encode(&text, false)
@@ -187,7 +209,18 @@ async fn chat(
         vec![prompt],
         &params,
         "messages",
-    )?;
+    )
+    .map_err(|mut e| {
+        // The engine names a grammar that does not compile `constraint`: name the request
+        // field it came from.
+        if e.param.as_deref() == Some("constraint")
+            && let Some((_, field)) = &plan.constraint
+        {
+            e.message = e.message.replace("`constraint`", &format!("`{field}`"));
+            e.param = Some(field.clone());
+        }
+        e
+    })?;
     let model = streams.first().map(|s| s.model.clone()).unwrap_or_default();
     let return_ids = req.common.return_token_ids.unwrap_or(false);
     let (merged, mut prompts) = Merged::new(streams);
@@ -213,6 +246,10 @@ async fn chat(
             include_usage,
             logprobs: logprobs.is_some(),
             prompt_token_ids: return_ids.then_some(prompt_ids),
+            plan,
+            texts: vec![String::new(); params.n],
+            sent: vec![0; params.n],
+            generated: vec![0; params.n],
         };
         return Ok(generate::sse_response(
             format,
@@ -229,22 +266,32 @@ async fn chat(
     let choices = choices
         .into_iter()
         .enumerate()
-        .map(|(index, c)| ChatChoice {
-            index,
-            message: AssistantMessage {
-                role: "assistant",
-                content: c.text,
-            },
-            logprobs: logprobs.map(|_| ChatLogprobs {
-                content: c
-                    .logprobs
-                    .iter()
-                    .map(|lp| chat_logprob(&engine, lp))
-                    .collect(),
-            }),
-            finish_reason: c.finish_reason.as_str(),
-            stop_reason: stop_reason_json(&c.stop_reason),
-            token_ids: return_ids.then_some(c.token_ids),
+        .map(|(index, c)| {
+            let forced_token_positions = if return_ids {
+                forced_positions(&c.logprobs)
+            } else {
+                Vec::new()
+            };
+            let outcome = plan.finish(c.text, c.finish_reason);
+            ChatChoice {
+                index,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: outcome.content,
+                    tool_calls: outcome.tool_calls,
+                },
+                logprobs: logprobs.map(|_| ChatLogprobs {
+                    content: c
+                        .logprobs
+                        .iter()
+                        .map(|lp| chat_logprob(&engine, lp))
+                        .collect(),
+                }),
+                finish_reason: outcome.finish_reason,
+                stop_reason: stop_reason_json(&c.stop_reason),
+                token_ids: return_ids.then_some(c.token_ids),
+                forced_token_positions,
+            }
         })
         .collect();
     let usage = Usage {
@@ -264,6 +311,15 @@ async fn chat(
     Ok(axum::Json(response).into_response())
 }
 
+/// Positions of the tokens a constraint forced.
+fn forced_positions(logprobs: &[TokenLogprob]) -> Vec<usize> {
+    logprobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, lp)| lp.forced.then_some(i))
+        .collect()
+}
+
 /// The chunks of a streamed chat completion.
 struct ChatChunks {
     engine: Engine,
@@ -275,6 +331,14 @@ struct ChatChunks {
     logprobs: bool,
     /// `Some` with `return_token_ids`; sent on the first chunk.
     prompt_token_ids: Option<Vec<u32>>,
+    /// The request's tools and format: whether text is parsed for tool calls.
+    plan: ChatPlan,
+    /// Per choice: the text generated so far.
+    texts: Vec<String>,
+    /// Per choice: how many bytes of it were sent as content.
+    sent: Vec<usize>,
+    /// Per choice: tokens generated so far (the next token's position).
+    generated: Vec<usize>,
 }
 
 impl ChatChunks {
@@ -291,6 +355,50 @@ impl ChatChunks {
     }
 }
 
+impl ChatChunks {
+    /// Adds `text` to choice `index` and returns what may be sent as content now: all of it
+    /// without tool parsing, else only what can no longer become a tool call.
+    fn settle(&mut self, index: usize, text: String) -> String {
+        let Some(format) = self.plan.parse else {
+            return text;
+        };
+        let (Some(full), Some(sent)) = (self.texts.get_mut(index), self.sent.get_mut(index)) else {
+            return text;
+        };
+        full.push_str(&text);
+        let settled = format.settled_content(full);
+        if settled <= *sent {
+            return String::new();
+        }
+        let out = full.get(*sent..settled).unwrap_or("").to_string();
+        *sent = settled;
+        out
+    }
+
+    /// A chunk of choice `index` with new content or tool-call deltas only.
+    fn delta_chunk(
+        &self,
+        index: usize,
+        content: Option<String>,
+        tool_calls: Option<Vec<ToolCall>>,
+    ) -> Bytes {
+        let choice = ChatChunkChoice {
+            index,
+            delta: Delta {
+                role: None,
+                content,
+                tool_calls,
+            },
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+            token_ids: None,
+            forced_token_positions: Vec::new(),
+        };
+        self.chunk(choice, None)
+    }
+}
+
 impl ChunkFormat for ChatChunks {
     fn start(&mut self, out: &mut VecDeque<Bytes>) {
         for index in 0..self.n {
@@ -299,11 +407,13 @@ impl ChunkFormat for ChatChunks {
                 delta: Delta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,
                 token_ids: None,
+                forced_token_positions: Vec::new(),
             };
             let prompt_token_ids = if index == 0 {
                 self.prompt_token_ids.clone()
@@ -323,6 +433,11 @@ impl ChunkFormat for ChatChunks {
         out: &mut VecDeque<Bytes>,
     ) {
         let with_ids = self.prompt_token_ids.is_some();
+        let position = self.generated.get(index).copied().unwrap_or(0);
+        if let Some(g) = self.generated.get_mut(index) {
+            *g += 1;
+        }
+        let text = self.settle(index, text);
         if text.is_empty() && !self.logprobs && !with_ids {
             return;
         }
@@ -331,6 +446,7 @@ impl ChunkFormat for ChatChunks {
             delta: Delta {
                 role: None,
                 content: Some(text),
+                tool_calls: None,
             },
             logprobs: self.logprobs.then(|| ChatLogprobs {
                 content: vec![chat_logprob(&self.engine, &logprob)],
@@ -338,6 +454,11 @@ impl ChunkFormat for ChatChunks {
             finish_reason: None,
             stop_reason: None,
             token_ids: with_ids.then(|| vec![logprob.token_id]),
+            forced_token_positions: if with_ids && logprob.forced {
+                vec![position]
+            } else {
+                Vec::new()
+            },
         };
         out.push_back(self.chunk(choice, None));
     }
@@ -351,16 +472,39 @@ impl ChunkFormat for ChatChunks {
         text: String,
         out: &mut VecDeque<Bytes>,
     ) {
+        let (content, tool_calls, finish_reason) = match self.texts.get_mut(index) {
+            Some(full) if self.plan.parse.is_some() => {
+                full.push_str(&text);
+                let sent = self.sent.get(index).copied().unwrap_or(0);
+                let outcome = self.plan.finish(std::mem::take(full), reason);
+                let content = outcome
+                    .content
+                    .as_deref()
+                    .and_then(|c| c.get(sent..))
+                    .unwrap_or("")
+                    .to_string();
+                (content, outcome.tool_calls, outcome.finish_reason)
+            }
+            _ => (text, Vec::new(), reason.as_str()),
+        };
+        if !content.is_empty() {
+            out.push_back(self.delta_chunk(index, Some(content), None));
+        }
+        for (j, call) in tool_calls.into_iter().enumerate() {
+            let delta = ToolCall {
+                index: Some(j),
+                ..call
+            };
+            out.push_back(self.delta_chunk(index, None, Some(vec![delta])));
+        }
         let choice = ChatChunkChoice {
             index,
-            delta: Delta {
-                role: None,
-                content: (!text.is_empty()).then_some(text),
-            },
+            delta: Delta::default(),
             logprobs: None,
-            finish_reason: Some(reason.as_str()),
+            finish_reason: Some(finish_reason),
             stop_reason: stop_reason_json(&stop),
             token_ids: self.prompt_token_ids.is_some().then(Vec::new),
+            forced_token_positions: Vec::new(),
         };
         out.push_back(self.chunk(choice, None));
     }

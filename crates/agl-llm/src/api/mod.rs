@@ -5,7 +5,7 @@
 //!
 //! | route | behaviour |
 //! | --- | --- |
-//! | `POST /v1/chat/completions` | OpenAI Chat Completions: `messages` rendered by the model's chat template (`tools` passed to it), sampled by the engine; `stream: true` sends server-sent events as tokens are produced |
+//! | `POST /v1/chat/completions` | OpenAI Chat Completions: `messages` rendered by the model's chat template, sampled by the engine; `tools`, `tool_choice` and `response_format` as OpenAI's (parsed tool calls, constrained decoding; [`tools`]); `stream: true` sends server-sent events as tokens are produced |
 //! | `POST /v1/completions` | OpenAI's legacy Completions: `prompt` as a string, token ids, or a list of either; `max_tokens` defaults to 16; `echo`; legacy `logprobs` |
 //! | `GET /v1/models`, `GET /v1/models/{model}` | the base model and the served LoRA adapters (`parent` = the base model, as vLLM) |
 //! | `POST /v1/load_lora_adapter` | vLLM: `{lora_name, lora_path}` loads a PEFT adapter directory (replacing one of that name); 200 `Success: LoRA adapter '…' added successfully.` |
@@ -21,14 +21,14 @@
 //! mounted with [`router_with`]) needs
 //! `Authorization: Bearer KEY` (401 in OpenAI's shape otherwise).
 //!
-//! Not responsible for loading models (the caller starts the [`Engine`]), for signals, or for
-//! tool-call parsing (a chat completion's `content` is the raw generated text).
+//! Not responsible for loading models (the caller starts the [`Engine`]) or for signals.
 
 mod chat;
 mod completions;
 pub mod error;
 mod generate;
 pub mod metrics;
+pub mod tools;
 pub mod types;
 
 use std::collections::HashMap;
@@ -48,6 +48,7 @@ use serde::de::DeserializeOwned;
 use crate::engine::Engine;
 pub use error::ApiError;
 pub use metrics::ApiMetrics;
+pub use tools::{ToolCallFormat, ToolCallParser};
 use types::{LoadLoraRequest, ModelCard, ModelList, UnloadLoraRequest};
 
 /// How the API is served.
@@ -66,6 +67,8 @@ pub struct ApiOptions {
     /// `max_completion_tokens` (clamped to the room the prompt leaves in the context); `None`:
     /// the room itself, as vLLM does.
     pub default_max_tokens: Option<usize>,
+    /// How tool calls are read out of the model's text (`--tool-call-parser`).
+    pub tool_call_parser: ToolCallParser,
 }
 
 impl Default for ApiOptions {
@@ -76,6 +79,7 @@ impl Default for ApiOptions {
             model_root: None,
             adapter_roots: HashMap::new(),
             default_max_tokens: None,
+            tool_call_parser: ToolCallParser::Auto,
         }
     }
 }
@@ -91,6 +95,8 @@ pub(crate) struct AppState {
     adapters: RwLock<HashMap<String, (String, u64)>>,
     /// [`ApiOptions::default_max_tokens`].
     pub(crate) default_max_tokens: Option<usize>,
+    /// [`ApiOptions::tool_call_parser`].
+    pub(crate) tool_call_parser: ToolCallParser,
 }
 
 /// The API's routes over `engine`, with authentication, the body limit and request metrics.
@@ -120,6 +126,7 @@ pub fn router_with(engine: Engine, options: ApiOptions, extra: Router) -> Router
         started,
         adapters: RwLock::new(adapters),
         default_max_tokens: options.default_max_tokens,
+        tool_call_parser: options.tool_call_parser,
     });
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))

@@ -101,9 +101,6 @@ pub struct ChatCompletionRequest {
     /// The conversation: OpenAI message objects (`role`, `content` as a string or a list of
     /// `{"type": "text", "text"}` parts, `tool_calls`, …), rendered by the model's template.
     pub messages: Vec<serde_json::Value>,
-    /// Tool definitions, passed to the chat template as `tools`.
-    #[serde(default)]
-    pub tools: Option<serde_json::Value>,
     /// Newer name of `max_tokens` (wins when both are given).
     #[serde(default)]
     pub max_completion_tokens: Option<usize>,
@@ -220,8 +217,39 @@ pub struct ChatLogprobs {
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
-    /// The generated text (tool calls are not parsed out of it).
-    pub content: String,
+    /// The generated text, without the tool calls parsed out of it; `null` when the answer
+    /// was only tool calls.
+    pub content: Option<String>,
+    /// The tool calls parsed out of the text (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A function call of the assistant (OpenAI's `tool_calls[]`; in a stream, one delta of it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCall {
+    /// Streamed deltas only: which call of the message this delta belongs to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// `call_…` (a stream sends it in the call's first delta).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `"function"`.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// `tool_calls[].function`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FunctionCall {
+    /// The function's name (one of the request's tools; a stream sends it in the call's first
+    /// delta).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The arguments as JSON text (compact), as OpenAI sends them.
+    pub arguments: String,
 }
 
 /// One choice of a chat completion.
@@ -233,7 +261,8 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     /// Log-probabilities when `logprobs` was true, else `null`.
     pub logprobs: Option<ChatLogprobs>,
-    /// `"stop"` or `"length"`.
+    /// `"stop"`, `"length"` or `"tool_calls"` (OpenAI's: `tool_calls` when the model called
+    /// tools on its own or under `tool_choice: "required"`, `stop` under a named function).
     pub finish_reason: &'static str,
     /// vLLM: the stop string or stop token id that ended it; `null` for end-of-sequence and
     /// length.
@@ -241,6 +270,11 @@ pub struct ChatChoice {
     /// vLLM (`return_token_ids`): the generated token ids.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<Vec<u32>>,
+    /// agl (`return_token_ids`, constrained requests): 0-based positions in `token_ids` of the
+    /// tokens a constraint's mask left as the only choice (a trainer keeps them out of the
+    /// loss); absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forced_token_positions: Vec<usize>,
 }
 
 /// A chat completion (`object: "chat.completion"`).
@@ -272,6 +306,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool-call deltas (agl sends each call whole, in the choice's last chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// One choice in a streamed chat chunk.
@@ -290,6 +327,10 @@ pub struct ChatChunkChoice {
     /// vLLM (`return_token_ids`): this chunk's token ids.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<Vec<u32>>,
+    /// agl (`return_token_ids`): positions (counted from the completion's first token) of this
+    /// chunk's forced tokens; absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forced_token_positions: Vec<usize>,
 }
 
 /// A streamed chat chunk (`object: "chat.completion.chunk"`).
