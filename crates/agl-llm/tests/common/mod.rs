@@ -2,6 +2,8 @@
 //! (`$AGL_HOME`, default `~/.cache/agl`) on first use, and loaded once per test binary.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod http;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
