@@ -38,7 +38,7 @@
 //!    take them is a 503 `store_unavailable` (an answer is never given unrecorded).
 //!
 //! # Streaming
-//! Server-sent events are relayed as the upstream produces them ([`stream`]); the span still
+//! Server-sent events are relayed as the upstream produces them (`stream`); the span still
 //! gets every token id. With a kernel in enforce mode, text passes through a
 //! [`govern::TextGate`] (held back to a whitespace boundary [`govern::HOLDBACK_BYTES`] before
 //! the newest text) and tool calls are held to the end, so nothing a policy would block
