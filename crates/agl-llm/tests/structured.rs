@@ -335,3 +335,117 @@ fn an_unconstrained_request_batched_with_a_constrained_one_is_unchanged() {
     }
     engine.shutdown();
 }
+
+#[test]
+fn oversized_and_explosive_grammars_are_cut_off_by_the_limits() {
+    let Some(lm) = common::loaded() else { return };
+    let engine = Engine::start(lm.clone(), EngineConfig::default()).unwrap();
+    // Far past the grammar-size limit: refused at submit, the limit named.
+    let huge: Vec<String> = (0..300_000).map(|i| format!("value number {i}")).collect();
+    let started = std::time::Instant::now();
+    let err = engine
+        .compile_constraint(&Constraint::JsonSchema(json!({"enum": huge})))
+        .unwrap_err();
+    eprintln!(
+        "huge enum: {:?} after {:?}",
+        err.to_string(),
+        started.elapsed()
+    );
+    assert!(
+        matches!(&err, LlmError::InvalidRequest { param, .. } if param == "constraint"),
+        "{err:?}"
+    );
+    // A lexer whose automaton explodes (2^40 states): either refused at submit or, if it
+    // compiles, each mask stays within the per-step fuel; the request ends either way.
+    let started = std::time::Instant::now();
+    let explosive = Constraint::Lark("start: /(a|b)*a(a|b){40}/".into());
+    match engine.submit(GenerateRequest {
+        model: None,
+        prompt: person_prompt(lm),
+        params: SamplingParams {
+            max_tokens: Some(16),
+            seed: Some(2),
+            constraint: Some(explosive),
+            ..Default::default()
+        },
+    }) {
+        Err(e) => {
+            eprintln!("explosive lexer refused: {e}");
+            assert!(matches!(&e, LlmError::InvalidRequest { param, .. } if param == "constraint"));
+        }
+        Ok(stream) => match stream.collect_blocking() {
+            Ok(g) => {
+                let text = &g.completions[0].text;
+                eprintln!("explosive lexer ran: {text:?}");
+                assert!(text.chars().all(|c| c == 'a' || c == 'b'), "{text:?}");
+            }
+            Err(e) => eprintln!("explosive lexer ended the request: {e}"),
+        },
+    }
+    eprintln!("explosive lexer: {:?}", started.elapsed());
+    // The engine still serves.
+    let g = generate(
+        &engine,
+        person_prompt(lm),
+        SamplingParams {
+            max_tokens: Some(4),
+            ..Default::default()
+        },
+    );
+    assert_eq!(g.completions[0].token_ids.len(), 4);
+    engine.shutdown();
+}
+
+#[test]
+fn stop_strings_and_ignore_eos_keep_working_under_a_constraint() {
+    let Some(lm) = common::loaded() else { return };
+    let engine = Engine::start(lm.clone(), EngineConfig::default()).unwrap();
+    let eos = lm.tokenizer.eos_token_ids();
+    // A stop string ends the row before the document is complete; the text stops before it.
+    let g = generate(
+        &engine,
+        person_prompt(lm),
+        SamplingParams {
+            seed: Some(4),
+            max_tokens: Some(96),
+            stop: vec!["\"age\"".into()],
+            constraint: Some(Constraint::JsonSchema(person_schema())),
+            ..Default::default()
+        },
+    );
+    let c = &g.completions[0];
+    assert_eq!(c.finish_reason, FinishReason::Stop);
+    assert_eq!(c.stop_reason, Some(StopReason::Text("\"age\"".into())));
+    assert!(
+        c.text.starts_with("{\"name\": \"") && c.text.ends_with(", "),
+        "{c:?}"
+    );
+    // With ignore_eos a complete grammar keeps the row on forced end-of-sequence tokens until
+    // max_tokens.
+    let g = generate(
+        &engine,
+        person_prompt(lm),
+        SamplingParams {
+            max_tokens: Some(6),
+            ignore_eos: true,
+            logprobs: Some(0),
+            constraint: Some(Constraint::Lark("start: \"{}\"".into())),
+            ..Default::default()
+        },
+    );
+    let c = &g.completions[0];
+    assert_eq!(c.finish_reason, FinishReason::Length);
+    assert_eq!(c.token_ids.len(), 6);
+    assert_eq!(c.text, "{}");
+    let tail: Vec<_> = c
+        .logprobs
+        .iter()
+        .skip_while(|l| !eos.contains(&l.token_id))
+        .collect();
+    assert!(!tail.is_empty());
+    assert!(
+        tail.iter().all(|l| l.forced && eos.contains(&l.token_id)),
+        "{c:?}"
+    );
+    engine.shutdown();
+}
