@@ -235,3 +235,67 @@ async fn a_stream_carries_the_same_text_and_token_ids_as_the_plain_answer_for_th
     );
     running.server.shutdown().await.unwrap();
 }
+
+/// A forced tool call through the gateway (plain and streamed): the agent gets OpenAI
+/// `tool_calls` without agl's extra fields, and the call span records the request's functions,
+/// the parsed call, and which response tokens the grammar forced (kept out of the loss).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_tool_call_is_recorded_with_its_forced_tokens() {
+    let Some(engine) = engine() else { return };
+    let running = serve(&engine).await;
+    let base = running.server.url();
+    let http = reqwest::Client::new();
+    for stream in [false, true] {
+        let (rid, aid) = start_rollout(&http, &base).await;
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [{"type": "function", "function": {
+                "name": "get_weather", "description": "Weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "temperature": 0,
+            "max_tokens": 48,
+            "stream": stream,
+        });
+        let resp = http
+            .post(format!(
+                "{base}/rollout/{rid}/attempt/{aid}/v1/chat/completions"
+            ))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("get_weather"), "{text}");
+        assert!(!text.contains("forced_token_positions"), "{text}");
+        if !stream {
+            let answer: Value = serde_json::from_str(&text).unwrap();
+            let call = &answer["choices"][0]["message"]["tool_calls"][0];
+            assert_eq!(call["function"]["name"], "get_weather", "{answer}");
+            assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+        }
+        let span = call_span(&running.store, &rid).await;
+        let attr = |k: &str| span.attributes.get(k).cloned();
+        assert_eq!(
+            attr("gen_ai.request.functions.0.name"),
+            Some(AttributeValue::Str("get_weather".into()))
+        );
+        assert_eq!(
+            attr("gen_ai.completion.0.tool_calls.0.name"),
+            Some(AttributeValue::Str("get_weather".into())),
+            "stream {stream}: {:#?}",
+            span.attributes
+        );
+        let response = span_ids(&span, "response_token_ids");
+        let forced = span_ids(&span, "agl.response.forced_positions");
+        assert!(
+            forced.len() >= 3 && forced.len() < response.len(),
+            "{forced:?} of {}",
+            response.len()
+        );
+        assert!(forced.iter().all(|&p| (p as usize) < response.len()));
+    }
+    running.server.shutdown().await.unwrap();
+}
