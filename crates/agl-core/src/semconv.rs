@@ -134,6 +134,11 @@ pub mod agl {
     /// Gateway: one raw log-probability per response token (float array, aligned with
     /// `response_token_ids`).
     pub const RESPONSE_LOGPROBS: &str = "agl.response.logprobs";
+    /// Gateway: 0-based positions into `response_token_ids` whose token a constraint's mask
+    /// left as the only choice, so the policy did not choose it (int array, ascending; choice
+    /// 0, `agl.response.<i>.forced_positions` for choice `i ≥ 1`). Absent when no token was
+    /// forced. Read from the engine's per-choice `forced_token_positions`.
+    pub const RESPONSE_FORCED_POSITIONS: &str = "agl.response.forced_positions";
     /// Flight-recorder export: the rollout of an entry (string).
     pub const ROLLOUT_ID: &str = "agl.rollout_id";
     /// Flight-recorder export: the attempt of an entry (string).
@@ -248,6 +253,10 @@ pub mod gen_ai {
     pub const PROMPT: &str = "gen_ai.prompt";
     /// Prefix of the flattened completion messages (`gen_ai.completion.<i>.*`).
     pub const COMPLETION: &str = "gen_ai.completion";
+    /// Prefix of the request's tools (`gen_ai.request.functions.<k>.name`, `.description`,
+    /// `.parameters`), as OpenLLMetry writes them and Agent Lightning's `TraceToMessages` reads
+    /// them.
+    pub const REQUEST_FUNCTIONS: &str = "gen_ai.request.functions";
 }
 
 /// One reward dimension as read from or written to span attributes.

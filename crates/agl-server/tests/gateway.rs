@@ -6,7 +6,8 @@
 //! The scripted upstream answers the last user message: `email` → a sentence with an e-mail
 //! address, `tool` → a `shell` tool call, anything else → `SELECT name FROM singer ;`. With
 //! `return_token_ids` it gives token ids 1000 + i for the i-th word; `noids` in the message
-//! makes it never return ids; `slow` makes it sleep 2 s. The real engine is exercised in
+//! makes it never return ids; `slow` makes it sleep 2 s; `forced` marks the tokens at odd
+//! positions as forced by a constraint (the engine's `forced_token_positions`). The real engine is exercised in
 //! `gateway_engine.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -53,6 +54,7 @@ async fn scripted(body: axum::body::Bytes) -> Response {
     }
     let ids = req["return_token_ids"].as_bool() == Some(true) && !prompt.contains("noids");
     let logprobs = req["logprobs"].as_bool() == Some(true);
+    let forced = ids && prompt.contains("forced");
     let words = words(&prompt);
     let token_ids: Vec<i64> = (0..words.len() as i64).map(|i| 1000 + i).collect();
     let prompt_ids = json!([1, 2, 3, 4]);
@@ -68,6 +70,9 @@ async fn scripted(body: axum::body::Bytes) -> Response {
                                     "logprobs": if logprobs {json!({"content": [{"token": w, "logprob": -0.5, "bytes": [], "top_logprobs": []}]})} else {Value::Null}});
             if ids {
                 choice["token_ids"] = json!([1000 + i as i64]);
+            }
+            if forced && i % 2 == 1 {
+                choice["forced_token_positions"] = json!([i]);
             }
             let mut chunk = json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
                                    "model": "scripted", "choices": [choice]});
@@ -111,6 +116,10 @@ async fn scripted(body: axum::body::Bytes) -> Response {
     if ids {
         choice["token_ids"] = json!(token_ids);
         answer["prompt_token_ids"] = prompt_ids;
+    }
+    if forced {
+        let odd: Vec<usize> = (1..words.len()).step_by(2).collect();
+        choice["forced_token_positions"] = json!(odd);
     }
     answer["choices"] = json!([choice]);
     axum::Json(answer).into_response()
@@ -459,6 +468,137 @@ async fn a_clean_stream_relays_every_word_and_records_all_token_ids() {
         .await;
     assert_eq!(streamed_text(&body), "SELECT name FROM singer ;");
     assert!(body.contains("\"total_tokens\":9"), "{body}");
+}
+
+/// A chat request with tools, an earlier tool turn (the assistant's call and the tool's
+/// result) and a last user message `last`.
+fn tool_turn_request(last: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "model": "m",
+        "tools": [{"type": "function", "function": {
+            "name": "count_rows", "description": "Rows of a table",
+            "parameters": {"type": "object", "properties": {"table": {"type": "string"}},
+                           "required": ["table"]}}}],
+        "messages": [
+            {"role": "user", "content": "How many singers?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_7", "type": "function",
+                "function": {"name": "count_rows", "arguments": "{\"table\":\"singer\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_7", "content": "6"},
+            {"role": "user", "content": last}
+        ]
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn assert_tool_turn_recorded(span: &Span) {
+    assert_eq!(
+        attr(span, "gen_ai.request.functions.0.name"),
+        &"count_rows".into()
+    );
+    assert_eq!(
+        attr(span, "gen_ai.request.functions.0.description"),
+        &"Rows of a table".into()
+    );
+    let params = attr(span, "gen_ai.request.functions.0.parameters")
+        .as_str()
+        .unwrap();
+    let params: Value = serde_json::from_str(params).unwrap();
+    assert_eq!(params["required"], json!(["table"]));
+    assert_eq!(
+        attr(span, "gen_ai.prompt.1.tool_calls.0.id"),
+        &"call_7".into()
+    );
+    assert_eq!(
+        attr(span, "gen_ai.prompt.1.tool_calls.0.name"),
+        &"count_rows".into()
+    );
+    assert_eq!(
+        attr(span, "gen_ai.prompt.1.tool_calls.0.arguments"),
+        &r#"{"table":"singer"}"#.into()
+    );
+    assert_eq!(attr(span, "gen_ai.prompt.2.role"), &"tool".into());
+    assert_eq!(attr(span, "gen_ai.prompt.2.tool_call_id"), &"call_7".into());
+    assert_eq!(attr(span, "gen_ai.prompt.2.content"), &"6".into());
+}
+
+#[tokio::test]
+async fn tool_turns_and_forced_tokens_reach_the_call_span_plain_and_streamed() {
+    // Plain: the agent did not ask for token ids, so it does not see the forced positions.
+    let s = setup(GatewayConfig::new(upstream())).await;
+    let (status, text) = s
+        .post(&s.url(), tool_turn_request("forced: say it", json!({})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(!text.contains("forced_token_positions"), "{text}");
+    let span = s.call_span().await;
+    assert_tool_turn_recorded(&span);
+    assert_eq!(ints(&span, "response_token_ids").len(), 5);
+    assert_eq!(ints(&span, "agl.response.forced_positions"), vec![1, 3]);
+    // Asked for token ids: the positions pass through.
+    let (_, text) = s
+        .post(
+            &s.url(),
+            json!({"messages": [{"role": "user", "content": "forced"}], "return_token_ids": true}),
+        )
+        .await;
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        answer["choices"][0]["forced_token_positions"],
+        json!([1, 3])
+    );
+
+    // Streamed, governed (chunks gated): the positions of every chunk are collected.
+    let s = setup(GatewayConfig::new(upstream()).with_kernel(kernel(POLICY))).await;
+    let (status, body) = s
+        .post(
+            &s.url(),
+            tool_turn_request("forced: say it", json!({"stream": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(streamed_text(&body), "SELECT name FROM singer ;");
+    assert!(!body.contains("forced_token_positions"), "{body}");
+    let span = s.call_span().await;
+    assert_tool_turn_recorded(&span);
+    assert_eq!(ints(&span, "agl.response.forced_positions"), vec![1, 3]);
+
+    // Without a constraint nothing is forced and the attribute is absent.
+    let s = setup(GatewayConfig::new(upstream())).await;
+    s.post(
+        &s.url(),
+        tool_turn_request("say it", json!({"stream": true})),
+    )
+    .await;
+    let span = s.call_span().await;
+    assert!(
+        !span
+            .attributes
+            .contains_key("agl.response.forced_positions")
+    );
+    assert_tool_turn_recorded(&span);
+}
+
+#[tokio::test]
+async fn a_streamed_tool_call_is_recorded_from_its_deltas() {
+    let s = setup(GatewayConfig::new(upstream())).await;
+    let (status, body) = s.chat("use a tool", json!({"stream": true})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let span = s.call_span().await;
+    assert_eq!(
+        attr(&span, "gen_ai.completion.0.tool_calls.0.id"),
+        &"call_1".into()
+    );
+    assert_eq!(
+        attr(&span, "gen_ai.completion.0.tool_calls.0.name"),
+        &"shell".into()
+    );
+    assert_eq!(
+        attr(&span, "gen_ai.completion.0.tool_calls.0.arguments"),
+        &r#"{"cmd": "rm -rf /"}"#.into()
+    );
 }
 
 #[tokio::test]

@@ -10,6 +10,21 @@
 //! adapter matched to its last call (an intermediate reward span attached to that call), else
 //! the rollout's final reward.
 //!
+//! # Forced tokens
+//! A response token that a constraint (JSON schema, grammar) left as the only choice was not
+//! chosen by the policy. The engine reports such positions (`forced_token_positions`), the
+//! gateway records them (`agl.response.forced_positions`) and the adapter puts them in the
+//! triplet (`response.forced_positions`, 0-based into `response.token_ids`; absent means none).
+//! Here they get loss mask 0, like context: no policy-gradient term, no KL term, and they count
+//! neither in the token-mean's denominator nor in the clip fraction or the first ratio's
+//! deviation. Why: the trainer's forward applies no constraint mask, and the engine records
+//! the raw (unmasked) log-probability of every token, so a forced token's ratio starts at 1
+//! like any other and nothing would break if it stayed in; but the policy would then be
+//! credited (or blamed) with the advantage for a token the grammar chose, and the update would
+//! push a probability that the constraint overrides anyway (a closing brace after a complete
+//! JSON object, say) and dilute the token mean with tokens that carry no decision.
+//! [`TokenSample::forced_tokens`] and [`LlmStepStats::forced_tokens`] count them.
+//!
 //! # Advantages
 //! [`assign_advantages`]: group-relative, as DeepSeekMath's GRPO (Shao et al. 2024,
 //! arXiv:2402.03300, §4.1): a group is every rollout of one task in one step; `A = (r − mean) /
@@ -153,7 +168,8 @@ pub struct TokenSample {
     /// Tokens before the first response token (the first call's prompt).
     pub prompt_len: usize,
     /// Per token after the prompt (`tokens.len() − prompt_len` entries): trained (a response
-    /// token) or context (loss mask 0).
+    /// token the policy chose) or not (loss mask 0: context, or a response token a constraint
+    /// forced).
     pub loss_mask: Vec<bool>,
     /// Per token after the prompt: the sampler's log-probability of a response token (0.0
     /// for context tokens).
@@ -166,6 +182,10 @@ pub struct TokenSample {
     pub roles: Vec<String>,
     /// The model or adapter that answered each merged call (`agl.adapter`), in order.
     pub adapters: Vec<Option<String>>,
+    /// Response tokens a constraint forced (`response.forced_positions`), masked out of the
+    /// loss (see the module docs); 0 in samples written before it existed.
+    #[serde(default)]
+    pub forced_tokens: usize,
 }
 
 impl TokenSample {
@@ -200,9 +220,53 @@ struct Call {
     prompt: Vec<u32>,
     response: Vec<u32>,
     logprobs: Vec<f32>,
+    /// Per response token: forced by a constraint.
+    forced: Vec<bool>,
     reward: Option<f64>,
     role: String,
     adapter: Option<String>,
+}
+
+impl Call {
+    /// The loss mask of the response tokens: true where the policy chose the token.
+    fn loss_mask(&self) -> impl Iterator<Item = bool> + '_ {
+        self.forced.iter().map(|f| !f)
+    }
+
+    fn forced_tokens(&self) -> usize {
+        self.forced.iter().filter(|f| **f).count()
+    }
+}
+
+/// `response.forced_positions` as one flag per response token (absent or `null`: none
+/// forced).
+fn forced_flags(t: &Triplet, n: usize, rollout_id: &str) -> Result<Vec<bool>, TrainError> {
+    let mut forced = vec![false; n];
+    let Some(v) = t.response.get("forced_positions").filter(|v| !v.is_null()) else {
+        return Ok(forced);
+    };
+    let positions = v.as_array().ok_or_else(|| {
+        malformed(
+            rollout_id,
+            "response.forced_positions is not an array of positions".into(),
+        )
+    })?;
+    for x in positions {
+        let slot = x
+            .as_u64()
+            .and_then(|p| usize::try_from(p).ok())
+            .and_then(|p| forced.get_mut(p))
+            .ok_or_else(|| {
+                malformed(
+                    rollout_id,
+                    format!(
+                        "response.forced_positions holds {x}, not a position among {n} response tokens"
+                    ),
+                )
+            })?;
+        *slot = true;
+    }
+    Ok(forced)
 }
 
 fn read_call(t: &Triplet, rollout_id: &str) -> Result<Call, TrainError> {
@@ -247,6 +311,7 @@ fn read_call(t: &Triplet, rollout_id: &str) -> Result<Call, TrainError> {
             ),
         ));
     }
+    let forced = forced_flags(t, response.len(), rollout_id)?;
     let meta_str = |k: &str| {
         t.metadata
             .get(k)
@@ -257,6 +322,7 @@ fn read_call(t: &Triplet, rollout_id: &str) -> Result<Call, TrainError> {
         prompt,
         response,
         logprobs,
+        forced,
         reward: t.reward.filter(|r| r.is_finite()),
         role: meta_str("agent_name").unwrap_or_else(|| "*".into()),
         adapter: meta_str("adapter"),
@@ -288,8 +354,8 @@ pub fn samples_from_triplets(
             s.loss_mask.extend(std::iter::repeat_n(false, context));
             s.old_logprobs.extend(std::iter::repeat_n(0.0, context));
             s.tokens.extend_from_slice(&call.response);
-            s.loss_mask
-                .extend(std::iter::repeat_n(true, call.response.len()));
+            s.loss_mask.extend(call.loss_mask());
+            s.forced_tokens += call.forced_tokens();
             s.old_logprobs.extend_from_slice(&call.logprobs);
             s.roles.push(call.role);
             s.adapters.push(call.adapter);
@@ -299,7 +365,6 @@ pub fn samples_from_triplets(
         if let Some((s, r)) = current.take() {
             out.push(finish(s, r, rollout_reward));
         }
-        let n = call.response.len();
         let mut tokens = call.prompt.clone();
         tokens.extend_from_slice(&call.response);
         current = Some((
@@ -308,7 +373,8 @@ pub fn samples_from_triplets(
                 group: group.to_string(),
                 prompt_len: call.prompt.len(),
                 tokens,
-                loss_mask: vec![true; n],
+                loss_mask: call.loss_mask().collect(),
+                forced_tokens: call.forced_tokens(),
                 old_logprobs: call.logprobs,
                 reward: 0.0,
                 advantage: 0.0,
@@ -369,6 +435,10 @@ pub struct LlmStepStats {
     pub trained_samples: usize,
     /// Loss tokens trained on.
     pub loss_tokens: usize,
+    /// Forced response tokens of the trained samples, left out of the loss (not in
+    /// `loss_tokens`; see the module docs).
+    #[serde(default)]
+    pub forced_tokens: usize,
     /// Loss of the last inner step (token mean).
     pub loss: f64,
     /// Mean per-token k3 KL to the base model (0 when β = 0: not computed).
@@ -574,6 +644,7 @@ impl LlmGrpo {
             samples: samples.len(),
             trained_samples: kept.len(),
             loss_tokens: total_tokens,
+            forced_tokens: kept.iter().map(|s| s.forced_tokens).sum(),
             ..LlmStepStats::default()
         };
         if kept.is_empty() {
@@ -751,6 +822,66 @@ mod tests {
     }
 
     #[test]
+    fn forced_positions_get_loss_mask_zero_and_nothing_else_changes() {
+        // call 1: prompt [1 2 3], response [4 5 6] with 5 forced; call 2 continues with a tool
+        // result [7] and response [8 9] with 9 forced (positions count from each response).
+        let forced = |mut t: Triplet, p: Value| {
+            t.response["forced_positions"] = p;
+            t
+        };
+        let plain = vec![
+            triplet(&[1, 2, 3], &[4, 5, 6], None, "write"),
+            triplet(&[1, 2, 3, 4, 5, 6, 7], &[8, 9], None, "write"),
+        ];
+        let constrained = vec![
+            forced(plain[0].clone(), json!([1])),
+            forced(plain[1].clone(), json!([1])),
+        ];
+        let a = &samples_from_triplets("ro-1", "q", &plain, 1.0).unwrap()[0];
+        let b = &samples_from_triplets("ro-1", "q", &constrained, 1.0).unwrap()[0];
+        assert_eq!(a.loss_mask, vec![true, true, true, false, true, true]);
+        assert_eq!(b.loss_mask, vec![true, false, true, false, true, false]);
+        assert_eq!((a.forced_tokens, b.forced_tokens), (0, 2));
+        assert_eq!((a.loss_tokens(), b.loss_tokens()), (5, 3));
+        // Tokens and recorded log-probabilities are untouched: only the mask differs.
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.old_logprobs, b.old_logprobs);
+        let differ: Vec<usize> = (0..a.loss_mask.len())
+            .filter(|&k| a.loss_mask[k] != b.loss_mask[k])
+            .collect();
+        assert_eq!(differ, vec![1, 5]);
+        // `null` and an empty list are no positions; so is a triplet written before the field.
+        let none = forced(plain[0].clone(), Value::Null);
+        let empty = forced(plain[0].clone(), json!([]));
+        for t in [none, empty] {
+            let s = samples_from_triplets("ro-1", "q", &[t], 1.0).unwrap();
+            assert_eq!(s[0].loss_mask, vec![true; 3]);
+        }
+        // A sample serialized before `forced_tokens` existed still loads.
+        let mut old = serde_json::to_value(a).unwrap();
+        old.as_object_mut().unwrap().remove("forced_tokens");
+        let back: TokenSample = serde_json::from_value(old).unwrap();
+        assert_eq!(back.forced_tokens, 0);
+    }
+
+    #[test]
+    fn bad_forced_positions_are_refused_by_name() {
+        for bad in [
+            json!([3]),
+            json!([-1]),
+            json!([0.5]),
+            json!("0"),
+            json!({"0": 1}),
+        ] {
+            let mut t = triplet(&[1], &[2, 3, 4], None, "write");
+            t.response["forced_positions"] = bad.clone();
+            let e = samples_from_triplets("ro-9", "q", &[t], 0.0).unwrap_err();
+            assert!(e.to_string().contains("forced_positions"), "{bad}: {e}");
+            assert!(e.to_string().contains("ro-9"), "{e}");
+        }
+    }
+
+    #[test]
     fn advantages_are_group_relative_over_rollouts() {
         let mk = |ro: &str, g: &str, r: f64| TokenSample {
             rollout_id: ro.into(),
@@ -763,6 +894,7 @@ mod tests {
             advantage: 9.0,
             roles: vec![],
             adapters: vec![],
+            forced_tokens: 0,
         };
         // group a: rollouts with rewards 1 and 0 (rollout a1 has two samples); group b: all
         // equal.
@@ -805,6 +937,7 @@ mod tests {
             advantage: 1.0,
             roles: vec![],
             adapters: vec![],
+            forced_tokens: 0,
         };
         let (a, b) = ([1u32, 2, 3], [4u32, 5]);
         let samples = [

@@ -9,12 +9,22 @@
 //!
 //! Responsible for that conversion, plus what agl's gateway adds to its `openai.chat.completion`
 //! spans: per-token log-probabilities ([`AGL_RESPONSE_LOGPROBS`] → `response.logprobs_values`),
-//! the adapter that answered ([`AGL_ADAPTER`]), governance's withheld responses
+//! the tokens a constraint forced ([`AGL_RESPONSE_FORCED_POSITIONS`] →
+//! `response.forced_positions`, which the LoRA GRPO loss leaves out), the adapter that answered
+//! ([`AGL_ADAPTER`]), governance's withheld responses
 //! ([`AGL_GATEWAY_BLOCKED`]) and calls whose upstream returned no token ids
 //! ([`AGL_TOKEN_IDS_MISSING`]). [`TracerTraceToTriplet::adapt`] keeps Agent Lightning's
 //! behaviour (missing ids become `[]`); [`TracerTraceToTriplet::adapt_for_training`] refuses
 //! such calls and counts them in a [`TripletReport`]: a response is never re-tokenized, because
 //! re-tokenized text is not what the policy sampled.
+//!
+//! Tool turns need nothing of their own: the gateway records the request's tools as
+//! `gen_ai.request.functions.<k>.*`, earlier tool calls as `gen_ai.prompt.<i>.tool_calls.<j>.*`,
+//! tool results' `gen_ai.prompt.<i>.tool_call_id` and the answer's
+//! `gen_ai.completion.<i>.tool_calls.<j>.*`, and unflattening turns them into
+//! `metadata.request.functions: [{name, description, parameters}]` and messages with
+//! `tool_calls: [{id, name, arguments}]` / `tool_call_id` in `prompt.raw_content` and
+//! `response.raw_content`.
 //!
 //! Not responsible for reading spans from a store, for the experimental
 //! `LlmProxyTraceToTriplet`, or for the governed SQL task's own single-triplet adapter
@@ -57,6 +67,10 @@ pub const LOGPROBS_CONTENT: &str = "logprobs.content";
 /// agl gateway span attribute (float array): one raw log-probability per response token,
 /// aligned with `response_token_ids`; copied to `response.logprobs_values`.
 pub const AGL_RESPONSE_LOGPROBS: &str = semconv::agl::RESPONSE_LOGPROBS;
+/// agl gateway span attribute (int array): 0-based positions in `response_token_ids` whose
+/// token a constraint forced (the policy did not choose it); copied, ascending and without
+/// repeats, to `response.forced_positions` (absent when the attribute is absent or empty).
+pub const AGL_RESPONSE_FORCED_POSITIONS: &str = semconv::agl::RESPONSE_FORCED_POSITIONS;
 /// agl gateway span attribute (bool): `true` when the upstream returned no token ids (the id
 /// attributes are then absent).
 pub const AGL_TOKEN_IDS_MISSING: &str = semconv::agl::TOKEN_IDS_MISSING;
@@ -137,6 +151,10 @@ pub enum RefusalReason {
     /// [`AGL_RESPONSE_LOGPROBS`] is not a number array as long as the response token ids, or
     /// [`LOGPROBS_CONTENT`] is not JSON.
     InvalidLogprobs,
+    /// [`AGL_RESPONSE_FORCED_POSITIONS`] is not an int array of positions inside the response
+    /// token ids (training would credit or blame the policy for tokens it may not have
+    /// chosen).
+    InvalidForcedPositions,
 }
 
 /// One LLM call that was not turned into a training triplet.
@@ -155,8 +173,8 @@ pub struct RefusedLlmCall {
 /// What [`TracerTraceToTriplet::adapt_with_report`] made of one attempt's spans.
 ///
 /// JSON: `{"triplets": [Triplet], "llm_calls", "refused_missing_token_ids",
-/// "refused_empty_token_ids", "refused_invalid_logprobs", "blocked", "refused":
-/// [RefusedLlmCall]}`; `llm_calls = triplets.len() + refused.len()`.
+/// "refused_empty_token_ids", "refused_invalid_logprobs", "refused_invalid_forced_positions",
+/// "blocked", "refused": [RefusedLlmCall]}`; `llm_calls = triplets.len() + refused.len()`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct TripletReport {
     /// One triplet per kept LLM call, in depth-first order of the (repaired) span tree.
@@ -169,6 +187,10 @@ pub struct TripletReport {
     pub refused_empty_token_ids: usize,
     /// Calls refused for [`RefusalReason::InvalidLogprobs`].
     pub refused_invalid_logprobs: usize,
+    /// Calls refused for [`RefusalReason::InvalidForcedPositions`] (absent in reports written
+    /// before it existed: 0).
+    #[serde(default)]
+    pub refused_invalid_forced_positions: usize,
     /// Kept triplets whose response governance withheld from the agent
     /// ([`AGL_GATEWAY_BLOCKED`]); they stay training data (the policy did sample them).
     pub blocked: usize,
@@ -245,7 +267,8 @@ impl TracerTraceToTriplet {
     /// | null, "image_urls": [str]}`; `response = {"token_ids": [int], "raw_content":
     /// unflattened gen_ai.completion.* | null, "logprobs": parsed logprobs.content (only when
     /// that attribute is a string), "logprobs_values": [float] (only when
-    /// agl.response.logprobs is a number array)}`; `reward` from [`RewardMatchPolicy`];
+    /// agl.response.logprobs is a number array), "forced_positions": [int] (only when
+    /// agl.response.forced_positions is a non-empty int array; ascending, no repeats)}`; `reward` from [`RewardMatchPolicy`];
     /// `metadata = {"request", "response", "response_id", "agent_name", "adapter",
     /// "sequence_id", "span_id", "blocked"}`.
     ///
@@ -295,6 +318,9 @@ impl TracerTraceToTriplet {
                     RefusalReason::MissingTokenIds => report.refused_missing_token_ids += 1,
                     RefusalReason::EmptyTokenIds => report.refused_empty_token_ids += 1,
                     RefusalReason::InvalidLogprobs => report.refused_invalid_logprobs += 1,
+                    RefusalReason::InvalidForcedPositions => {
+                        report.refused_invalid_forced_positions += 1
+                    }
                 }
                 report.refused.push(RefusedLlmCall {
                     span_id: span.span_id.clone(),
@@ -732,6 +758,21 @@ fn logprob_values(span: &Span) -> Option<Result<Vec<f64>, ()>> {
     })
 }
 
+/// [`AGL_RESPONSE_FORCED_POSITIONS`], ascending and without repeats: `None` when absent,
+/// `Some(Err(()))` when it is not an int array (an empty array of any type is no positions).
+fn forced_positions(span: &Span) -> Option<Result<Vec<i64>, ()>> {
+    let mut p = match span.attributes.get(AGL_RESPONSE_FORCED_POSITIONS)? {
+        AttributeValue::IntArray(v) => v.clone(),
+        AttributeValue::StrArray(v) if v.is_empty() => Vec::new(),
+        AttributeValue::FloatArray(v) if v.is_empty() => Vec::new(),
+        AttributeValue::BoolArray(v) if v.is_empty() => Vec::new(),
+        _ => return Some(Err(())),
+    };
+    p.sort_unstable();
+    p.dedup();
+    Some(Ok(p))
+}
+
 /// Why a selected call is not training data, or `None` when it is.
 fn training_refusal(span: &Span) -> Option<RefusalReason> {
     if is_true(span, AGL_TOKEN_IDS_MISSING) {
@@ -750,6 +791,13 @@ fn training_refusal(span: &Span) -> Option<RefusalReason> {
         Some(Ok(v)) if v.len() == response.len() => {}
         None => {}
         Some(_) => return Some(RefusalReason::InvalidLogprobs),
+    }
+    match forced_positions(span) {
+        None => {}
+        Some(Ok(p))
+            if p.iter()
+                .all(|&i| i >= 0 && (i as u64) < response.len() as u64) => {}
+        Some(_) => return Some(RefusalReason::InvalidForcedPositions),
     }
     if let Some(text) = str_attr(span, LOGPROBS_CONTENT)
         && serde_json::from_str::<Value>(text).is_err()
@@ -962,6 +1010,11 @@ fn span_to_triplet(span: &Span, agent_name: &str) -> Result<Triplet, TrainError>
             "logprobs_values".into(),
             values.into_iter().map(float_json).collect(),
         );
+    }
+    if let Some(Ok(positions)) = forced_positions(span)
+        && !positions.is_empty()
+    {
+        response.insert("forced_positions".into(), json!(positions));
     }
     let mut metadata = Map::new();
     metadata.insert("request".into(), request);

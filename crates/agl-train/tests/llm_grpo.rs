@@ -1,7 +1,8 @@
 //! LoRA GRPO on the real SmolLM2-135M-Instruct (pulled into the cache on first use, as CI does
 //! before the tests): the first ratio is 1 (the engine's recorded log-probabilities are what
 //! the trainer recomputes), an update moves the policy toward positive advantages and away from
-//! negative ones, and a trained adapter survives the PEFT round trip and resumes as variables.
+//! negative ones, a trained adapter survives the PEFT round trip and resumes as variables, and
+//! tokens a constraint forced stay out of the loss.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -182,5 +183,137 @@ fn samples_with_zero_advantage_cost_nothing() {
     let stats = grpo.step(&samples).unwrap();
     assert_eq!((stats.samples, stats.trained_samples), (2, 0));
     assert_eq!(stats.grad_norm, 0.0);
+    engine.shutdown();
+}
+
+/// A learner with a fresh adapter (seed 0: every call starts from the same factors).
+fn learner(model: &Arc<LlamaModel>) -> LlmGrpo {
+    let (adapter, vars) =
+        LoraAdapter::new_trainable(LoraConfig::default(), model.config(), &Device::Cpu, 0).unwrap();
+    LlmGrpo::new(
+        model.clone(),
+        adapter,
+        vars,
+        LlmGrpoConfig {
+            learning_rate: 1e-3,
+            ..LlmGrpoConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// `t` with `response.forced_positions = positions`; with `corrupt`, the recorded
+/// log-probabilities at those positions are replaced by −20 (a ratio of e^20 if they counted).
+fn forced(t: &Triplet, positions: &[usize], corrupt: bool) -> Triplet {
+    let mut t = t.clone();
+    t.response["forced_positions"] = json!(positions);
+    if corrupt {
+        for &p in positions {
+            t.response["logprobs_values"][p] = json!(-20.0);
+        }
+    }
+    t
+}
+
+/// One sample per triplet, rollout `ro-<i>` rewarded 1 for even `i` and 0 for odd `i`.
+fn samples(triplets: &[Triplet]) -> Vec<TokenSample> {
+    let mut out = Vec::new();
+    let mut rewards = HashMap::new();
+    for (i, t) in triplets.iter().enumerate() {
+        let rid = format!("ro-{i}");
+        let r = if i % 2 == 0 { 1.0 } else { 0.0 };
+        rewards.insert(rid.clone(), r);
+        out.extend(samples_from_triplets(&rid, "q", std::slice::from_ref(t), r).unwrap());
+    }
+    assign_advantages(&mut out, &rewards);
+    out
+}
+
+#[test]
+fn forced_tokens_carry_no_gradient_no_loss_and_no_ratio_statistics() {
+    let Some(engine) = engine() else { return };
+    let model: Arc<LlamaModel> = engine.model().clone();
+    let plain = sampled_triplets(&engine, 2);
+    let lens: Vec<usize> = plain
+        .iter()
+        .map(|t| t.response["token_ids"].as_array().unwrap().len())
+        .collect();
+    assert!(lens.iter().all(|&n| n >= 2), "{lens:?}");
+    let even = |n: usize| (0..n).step_by(2).collect::<Vec<_>>();
+    let all = |n: usize| (0..n).collect::<Vec<_>>();
+    let logprobs = |grpo: &LlmGrpo, s: &[TokenSample]| -> Vec<f32> {
+        s.iter()
+            .map(|x| response_logprob(&model, x, grpo.adapter()))
+            .collect()
+    };
+    let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+    let base = samples(&plain);
+    let untrained = logprobs(&learner(&model), &base);
+
+    // Every token forced: the response is not trained on at all.
+    let all_forced: Vec<Triplet> = plain
+        .iter()
+        .zip(&lens)
+        .map(|(t, &n)| forced(t, &all(n), true))
+        .collect();
+    let mut grpo = learner(&model);
+    let stats = grpo.step(&samples(&all_forced)).unwrap();
+    assert_eq!((stats.samples, stats.trained_samples), (2, 0));
+    assert_eq!(
+        (stats.loss_tokens, stats.loss, stats.grad_norm),
+        (0, 0.0, 0.0)
+    );
+    assert!(
+        close(&logprobs(&grpo, &base), &untrained),
+        "the policy moved"
+    );
+
+    // ... and beside a trained sample it changes nothing: the same update as without it.
+    let mixed = samples(&[all_forced[0].clone(), plain[1].clone()]);
+    let mut alone = learner(&model);
+    let only = alone.step(&mixed[1..]).unwrap();
+    let mut beside = learner(&model);
+    let with = beside.step(&mixed).unwrap();
+    assert_eq!(
+        (with.trained_samples, with.loss_tokens),
+        (1, only.loss_tokens)
+    );
+    assert!((with.loss - only.loss).abs() < 1e-7, "{with:?} vs {only:?}");
+    assert!(close(&logprobs(&beside, &base), &logprobs(&alone, &base)));
+
+    // Partly forced, with nonsense recorded at the forced positions: they stay out of the
+    // token count, the clip fraction and the first ratio, and the update is the one with the
+    // true log-probabilities there.
+    let half = |corrupt: bool| -> Vec<Triplet> {
+        plain
+            .iter()
+            .zip(&lens)
+            .map(|(t, &n)| forced(t, &even(n), corrupt))
+            .collect()
+    };
+    let n_forced: usize = lens.iter().map(|&n| even(n).len()).sum();
+    let mut corrupt = learner(&model);
+    let stats = corrupt.step(&samples(&half(true))).unwrap();
+    eprintln!("partly forced: {stats:?}");
+    assert_eq!(stats.trained_samples, 2);
+    assert_eq!(stats.forced_tokens, n_forced);
+    assert_eq!(stats.loss_tokens, lens.iter().sum::<usize>() - n_forced);
+    assert!(stats.first_ratio_max_dev < 5e-3, "{stats:?}");
+    assert_eq!(stats.clip_fraction, 0.0);
+    let mut truthful = learner(&model);
+    truthful.step(&samples(&half(false))).unwrap();
+    let after_forced = logprobs(&corrupt, &base);
+    assert!(close(&after_forced, &logprobs(&truthful, &base)));
+    assert!(
+        !close(&after_forced, &untrained),
+        "the unforced tokens trained"
+    );
+
+    // Unforced, the same responses give another update: the forced positions are what differ.
+    let mut unforced = learner(&model);
+    let stats = unforced.step(&base).unwrap();
+    assert_eq!(stats.loss_tokens, lens.iter().sum::<usize>());
+    assert_eq!(stats.forced_tokens, 0);
+    assert!(!close(&logprobs(&unforced, &base), &after_forced));
     engine.shutdown();
 }

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use agl_core::{Span, Triplet};
+use agl_core::{AttributeValue, Span, Triplet};
 use agl_train::{RefusalReason, RewardMatchPolicy, TracerTraceToTriplet, TrainError};
 use serde_json::{Value, json};
 
@@ -450,4 +450,158 @@ fn fixtures_are_in_sequence_order_and_round_trip() {
         let raw: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(serde_json::to_value(&spans).unwrap(), raw, "{name}");
     }
+}
+
+/// A gateway call span for a tool turn, with the attributes `agl-server`'s gateway writes: the
+/// request's tools, the earlier assistant tool call and its tool result, the answer's own tool
+/// call, and (when given) the positions a constraint forced.
+fn tool_turn_call(span_id: &str, forced: Option<AttributeValue>) -> Span {
+    let mut attributes: agl_core::Attributes = [
+        ("gen_ai.request.model", AttributeValue::from("policy")),
+        ("gen_ai.request.functions.0.name", "count_rows".into()),
+        (
+            "gen_ai.request.functions.0.description",
+            "Rows of a table".into(),
+        ),
+        (
+            "gen_ai.request.functions.0.parameters",
+            r#"{"type":"object","properties":{"table":{"type":"string"}}}"#.into(),
+        ),
+        ("gen_ai.prompt.0.role", "user".into()),
+        (
+            "gen_ai.prompt.0.content",
+            "How many singers and stadiums?".into(),
+        ),
+        ("gen_ai.prompt.1.role", "assistant".into()),
+        ("gen_ai.prompt.1.tool_calls.0.id", "call_1".into()),
+        ("gen_ai.prompt.1.tool_calls.0.name", "count_rows".into()),
+        (
+            "gen_ai.prompt.1.tool_calls.0.arguments",
+            r#"{"table":"singer"}"#.into(),
+        ),
+        ("gen_ai.prompt.2.role", "tool".into()),
+        ("gen_ai.prompt.2.tool_call_id", "call_1".into()),
+        ("gen_ai.prompt.2.content", "6".into()),
+        ("gen_ai.completion.0.role", "assistant".into()),
+        ("gen_ai.completion.0.content", "".into()),
+        ("gen_ai.completion.0.finish_reason", "tool_calls".into()),
+        ("gen_ai.completion.0.tool_calls.0.id", "call_2".into()),
+        ("gen_ai.completion.0.tool_calls.0.name", "count_rows".into()),
+        (
+            "gen_ai.completion.0.tool_calls.0.arguments",
+            r#"{"table":"stadium"}"#.into(),
+        ),
+        ("gen_ai.response.id", format!("chatcmpl-{span_id}").into()),
+        ("prompt_token_ids", AttributeValue::IntArray(vec![1, 2, 3])),
+        (
+            "response_token_ids",
+            AttributeValue::IntArray(vec![40, 41, 42, 43, 44]),
+        ),
+        (
+            "agl.response.logprobs",
+            AttributeValue::FloatArray(vec![-0.5, -0.1, -0.2, -0.3, -0.4]),
+        ),
+        ("agl.token_ids.missing", false.into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if let Some(f) = forced {
+        attributes.insert("agl.response.forced_positions".into(), f);
+    }
+    let mut s = Span::new("ro-tool", "at-1", 1, "openai.chat.completion", attributes);
+    s.span_id = span_id.to_string();
+    s.start_time = Some(1.0);
+    s.end_time = Some(2.0);
+    s
+}
+
+#[test]
+fn tool_turns_survive_into_the_triplet_messages() {
+    let spans = vec![tool_turn_call("t1", None)];
+    let triplets = TracerTraceToTriplet::default().adapt(&spans).unwrap();
+    let t = &triplets[0];
+    assert_eq!(
+        t.prompt["raw_content"],
+        json!([
+            {"role": "user", "content": "How many singers and stadiums?"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "call_1", "name": "count_rows", "arguments": "{\"table\":\"singer\"}"}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "6"}
+        ])
+    );
+    assert_eq!(
+        t.response["raw_content"][0]["tool_calls"],
+        json!([{"id": "call_2", "name": "count_rows", "arguments": "{\"table\":\"stadium\"}"}])
+    );
+    assert_eq!(
+        t.metadata["request"]["functions"],
+        json!([{"name": "count_rows", "description": "Rows of a table",
+                "parameters": "{\"type\":\"object\",\"properties\":{\"table\":{\"type\":\"string\"}}}"}])
+    );
+    // Nothing forced: no field (and old triplets without it read the same way).
+    assert!(t.response.get("forced_positions").is_none());
+}
+
+#[test]
+fn forced_positions_land_in_the_triplet_and_bad_ones_are_refused_for_training() {
+    let spans = vec![tool_turn_call(
+        "t1",
+        Some(AttributeValue::IntArray(vec![4, 0, 4])),
+    )];
+    let report = TracerTraceToTriplet::default()
+        .adapt_for_training(&spans)
+        .unwrap();
+    assert_eq!(report.triplets.len(), 1);
+    assert_eq!(
+        report.triplets[0].response["forced_positions"],
+        json!([0, 4])
+    );
+    assert_eq!(
+        report.triplets[0].response["token_ids"],
+        json!([40, 41, 42, 43, 44])
+    );
+
+    // An empty list is no positions.
+    let spans = vec![tool_turn_call("t1", Some(AttributeValue::IntArray(vec![])))];
+    let report = TracerTraceToTriplet::default()
+        .adapt_for_training(&spans)
+        .unwrap();
+    assert!(
+        report.triplets[0]
+            .response
+            .get("forced_positions")
+            .is_none()
+    );
+
+    // Past the last response token, negative, or not ints: refused, never trained on.
+    for bad in [
+        AttributeValue::IntArray(vec![1, 5]),
+        AttributeValue::IntArray(vec![-1]),
+        AttributeValue::FloatArray(vec![1.0]),
+        AttributeValue::from("[1]"),
+    ] {
+        let spans = vec![tool_turn_call("t1", Some(bad.clone()))];
+        let report = TracerTraceToTriplet::default()
+            .adapt_for_training(&spans)
+            .unwrap();
+        assert!(report.triplets.is_empty(), "{bad:?}");
+        assert_eq!(report.refused_invalid_forced_positions, 1, "{bad:?}");
+        assert_eq!(
+            report.refused[0].reason,
+            RefusalReason::InvalidForcedPositions
+        );
+        // Agent Lightning's `adapt` keeps the call; only valid int arrays are copied.
+        let kept = TracerTraceToTriplet::default().adapt(&spans).unwrap();
+        assert_eq!(kept.len(), 1);
+    }
+    let json = serde_json::to_value(RefusalReason::InvalidForcedPositions).unwrap();
+    assert_eq!(json, json!("invalid_forced_positions"));
+    // A report written before the count existed still loads.
+    let old: agl_train::TripletReport = serde_json::from_value(json!({
+        "triplets": [], "llm_calls": 0, "refused_missing_token_ids": 0,
+        "refused_empty_token_ids": 0, "refused_invalid_logprobs": 0, "blocked": 0, "refused": []
+    }))
+    .unwrap();
+    assert_eq!(old.refused_invalid_forced_positions, 0);
 }

@@ -3,11 +3,11 @@
 //!
 //! Output (stdout, one JSON object): `{"rollout_id", "attempt_id", "for_training", "triplets":
 //! [...], "llm_calls", "refused_missing_token_ids", "refused_empty_token_ids",
-//! "refused_invalid_logprobs", "blocked", "refused": [...]}` (see
-//! [`agl_train::TripletReport`]). Without `--for-training` every call becomes a triplet (empty
-//! `token_ids` where a call has none) and the refusal counts are 0. Failures (unknown rollout
-//! or attempt, no spans, unreachable store, bad regex) exit 1 with one line on stderr. Not
-//! responsible for the conversion itself (`agl_train::tracer_adapter`).
+//! "refused_invalid_logprobs", "refused_invalid_forced_positions", "blocked", "refused":
+//! [...]}` (see [`agl_train::TripletReport`]). Without `--for-training` every call becomes a
+//! triplet (empty `token_ids` where a call has none) and the refusal counts are 0. Failures
+//! (unknown rollout or attempt, no spans, unreachable store, bad regex) exit 1 with one line on
+//! stderr. Not responsible for the conversion itself (`agl_train::tracer_adapter`).
 
 use std::process::ExitCode;
 

@@ -5,7 +5,7 @@
 //! Every page is complete without script; the script only adds live updates. Tables read the
 //! store through the same [`LightningStore`] queries the `/v1/agl` API serves, one page of
 //! results at a time (`limit`/`offset`), so a page view never scans the whole store; curves
-//! and governance counts come from the [`tally`], which reads each finished rollout once.
+//! and governance counts come from the `tally` module, which reads each finished rollout once.
 //!
 //! Pages:
 //! * `/`: rollouts, filtered by status, mode and id substring, sorted by start time, end
@@ -26,7 +26,7 @@
 //! * `/runners`: the workers that registered with the store, with status, current rollout
 //!   and attempt, and their last heartbeat, dequeue, busy and idle times, 50 per page;
 //! * `/dashboard/events`: server-sent events, one `change` per change of the store (see
-//!   [`live`]); pages marked live re-render their `<main>` on each.
+//!   `live`); pages marked live re-render their `<main>` on each.
 //!
 //! With `--auth-token` the pages need the token too: `/dashboard/login` takes it once and sets
 //! an `HttpOnly`, `SameSite=Strict` cookie that the auth layer accepts like the bearer header

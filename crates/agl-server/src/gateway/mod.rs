@@ -23,7 +23,8 @@
 //! 3. The upstream is always asked for token ids and log-probabilities (vLLM's
 //!    `return_token_ids: true`; chat `logprobs: true`, completions `logprobs: 0` unless the
 //!    agent asked for more; streams `stream_options.include_usage: true`). What the agent did
-//!    not ask for is stripped from its answer. An upstream that returns no token ids is not
+//!    not ask for is stripped from its answer (without `return_token_ids`: `prompt_token_ids`,
+//!    `token_ids` and the engine's `forced_token_positions`). An upstream that returns no token ids is not
 //!    re-tokenized: the span says `agl.token_ids.missing = true` and the training adapter
 //!    refuses the call.
 //! 4. The upstream cannot be reached: 502 `upstream_unavailable`; it does not answer within
@@ -37,7 +38,7 @@
 //!    take them is a 503 `store_unavailable` (an answer is never given unrecorded).
 //!
 //! # Streaming
-//! Server-sent events are relayed as the upstream produces them ([`stream`]); the span still
+//! Server-sent events are relayed as the upstream produces them (`stream`); the span still
 //! gets every token id. With a kernel in enforce mode, text passes through a
 //! [`govern::TextGate`] (held back to a whitespace boundary [`govern::HOLDBACK_BYTES`] before
 //! the newest text) and tool calls are held to the end, so nothing a policy would block
@@ -324,6 +325,7 @@ impl Asked {
                 if !self.token_ids {
                     c.remove("token_ids");
                     c.remove("prompt_token_ids");
+                    c.remove("forced_token_positions");
                 }
                 if !self.logprobs {
                     c.insert("logprobs".into(), Value::Null);

@@ -15,15 +15,19 @@
 //! |---|---|---|
 //! | `gen_ai.system` | str | `openai` |
 //! | `gen_ai.request.model`, `.temperature`, `.top_p`, `.max_tokens`, `.seed`, `.stream` | | the agent's request |
+//! | `gen_ai.request.functions.<k>.name`, `.description`, `.parameters` | str | the request's tools (`tools[k].function`, then legacy `functions`); `.parameters` is the JSON schema as JSON text (`null` when the tool has none; a string is kept as sent) |
 //! | `gen_ai.prompt.<i>.role`, `gen_ai.prompt.<i>.content` | str | the request's messages (content parts as JSON); completions: `gen_ai.prompt.0.content` is the prompt |
+//! | `gen_ai.prompt.<i>.tool_calls.<j>.id`, `.name`, `.arguments` | str | the tool calls of an (assistant) message of the request (`""` for a missing field; arguments that are not a string as JSON text) |
+//! | `gen_ai.prompt.<i>.tool_call_id` | str | the call a `tool` message answers |
 //! | `gen_ai.completion.<i>.role`, `.content`, `.finish_reason` | str | each choice as the model produced it (before any redaction) |
-//! | `gen_ai.completion.<i>.tool_calls.<j>.id`, `.name`, `.arguments` | str | tool calls the upstream parsed |
+//! | `gen_ai.completion.<i>.tool_calls.<j>.id`, `.name`, `.arguments` | str | tool calls the upstream parsed (whole, or put together from streamed `delta.tool_calls` by their `index`) |
 //! | `gen_ai.response.id`, `gen_ai.response.model` | str | the answer's id and the model or adapter that answered |
 //! | `gen_ai.usage.prompt_tokens`, `gen_ai.usage.completion_tokens`, `llm.usage.total_tokens` | int | tokens |
 //! | `prompt_token_ids` | int array | the prompt as the model saw it (vLLM `prompt_token_ids`) |
 //! | `response_token_ids` | int array | choice 0's generated ids (vLLM `token_ids`); `agl.response.<i>.token_ids` for choices ≥ 1 |
 //! | `logprobs.content` | str (JSON) | choice 0's OpenAI `logprobs.content` list (chat) |
 //! | `agl.response.logprobs` | float array | choice 0's log-probability per generated token (natural log), aligned with `response_token_ids` |
+//! | `agl.response.forced_positions` | int array | choice 0's positions (0-based, ascending) in `response_token_ids` whose token a constraint left as the only choice (the engine's `forced_token_positions`; absent when none); `agl.response.<i>.forced_positions` for choices ≥ 1 |
 //! | `agl.token_ids.missing` | bool | the upstream returned no token ids: the call is not trainable and is never re-tokenized |
 //! | `agl.adapter` | str | the model or LoRA adapter version that answered (`model` of the answer) |
 //! | `agl.upstream` | str | `engine` or the upstream's URL |
@@ -31,6 +35,14 @@
 //! | `agl.gateway.verdict`, `agl.gateway.blocked` | str, bool | what governance decided for the agent (absent when nothing was checked: no kernel, or a failed call) |
 //! | `agl.gateway.redacted` | bool | the agent got a rewritten (redacted) answer |
 //! | `http.status_code` | int | the upstream's status; `agl.error` its error message |
+//!
+//! The `gen_ai.request.functions.*`, `gen_ai.prompt.<i>.tool_calls.*` and `.tool_call_id` names
+//! are the ones Agent Lightning's `TraceToMessages` (`AL:adapter/messages.py`) reads back into
+//! OpenAI messages and tool definitions; `TracerTraceToTriplet` keeps them in the triplet's
+//! `prompt.raw_content` and `metadata.request.functions`. (`TraceToMessages` takes the answer's
+//! own tool calls from child spans with `tool.name` / `tool.parameters` / `tool.call.id`
+//! attributes, which the gateway does not write; the triplet's `response.raw_content` carries
+//! them from `gen_ai.completion.<i>.tool_calls`.)
 //!
 //! Violations are `agentlightning.annotation` child spans of the call span with
 //! `agent_os.violation.policy`, `.severity`, `.reason`, `.blocked`, `.effect`,
@@ -99,6 +111,10 @@ pub struct Choice {
     pub finish_reason: Option<String>,
     /// Tool calls.
     pub tool_calls: Vec<ToolCall>,
+    /// Positions into `token_ids` of the tokens a constraint forced (the engine's
+    /// `forced_token_positions`, absolute also when streamed), as received: entries that are
+    /// not integers are skipped; sorted and de-duplicated when written.
+    pub forced_positions: Vec<i64>,
 }
 
 /// Everything recorded about one call.
@@ -218,6 +234,10 @@ impl CallRecord {
         if let Some(t) = ids(c.get("token_ids")) {
             ch.token_ids.get_or_insert_with(Vec::new).extend(t);
         }
+        if let Some(p) = c.get("forced_token_positions").and_then(Value::as_array) {
+            ch.forced_positions
+                .extend(p.iter().filter_map(Value::as_i64));
+        }
         if let Some(lp) = c.get("logprobs").filter(|l| l.is_object()) {
             let values: Vec<f64> = match endpoint {
                 Endpoint::Chat => {
@@ -324,6 +344,70 @@ fn scalar(v: &Value) -> Option<AttributeValue> {
     }
 }
 
+/// The request's function definitions: `tools[].function` (tools of other types have none),
+/// then legacy `functions[]`.
+fn request_functions(request: &Map<String, Value>) -> impl Iterator<Item = &Map<String, Value>> {
+    let tools = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("function"));
+    let legacy = request
+        .get("functions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    tools.chain(legacy).filter_map(Value::as_object)
+}
+
+/// A JSON value as span text: a string as it is, anything else as compact JSON.
+fn json_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// One request message's tool calls and the call it answers (see the module docs).
+fn message_tool_attributes(a: &mut Attributes, i: usize, m: &Value) {
+    let calls = m.get("tool_calls").and_then(Value::as_array);
+    for (j, call) in calls.into_iter().flatten().enumerate() {
+        let p = format!("gen_ai.prompt.{i}.tool_calls.{j}");
+        let f = call.get("function");
+        let text = |v: Option<&Value>| v.filter(|v| !v.is_null()).map(json_text);
+        put(
+            a,
+            format!("{p}.id"),
+            text(call.get("id")).unwrap_or_default(),
+        );
+        put(
+            a,
+            format!("{p}.name"),
+            text(f.and_then(|f| f.get("name"))).unwrap_or_default(),
+        );
+        put(
+            a,
+            format!("{p}.arguments"),
+            text(f.and_then(|f| f.get("arguments"))).unwrap_or_default(),
+        );
+    }
+    if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+        put(a, format!("gen_ai.prompt.{i}.tool_call_id"), id);
+    }
+}
+
+/// A choice's forced positions, ascending and without repeats; `None` when there are none.
+fn forced_positions(c: &Choice) -> Option<Vec<i64>> {
+    if c.forced_positions.is_empty() {
+        return None;
+    }
+    let mut p = c.forced_positions.clone();
+    p.sort_unstable();
+    p.dedup();
+    Some(p)
+}
+
 /// The call span's attributes (see the module docs).
 pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
     let mut a = Attributes::new();
@@ -341,6 +425,17 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
         if let Some(v) = facts.request.get(key).and_then(scalar) {
             a.insert(format!("gen_ai.request.{key}"), v);
         }
+    }
+    for (k, f) in request_functions(facts.request).enumerate() {
+        let p = format!("{}.{k}", semconv::gen_ai::REQUEST_FUNCTIONS);
+        if let Some(n) = f.get("name").and_then(Value::as_str) {
+            put(&mut a, format!("{p}.name"), n);
+        }
+        if let Some(d) = f.get("description").and_then(Value::as_str) {
+            put(&mut a, format!("{p}.description"), d);
+        }
+        let parameters = f.get("parameters").map_or_else(|| "null".into(), json_text);
+        put(&mut a, format!("{p}.parameters"), parameters);
     }
     match facts.endpoint {
         Endpoint::Chat => {
@@ -360,6 +455,7 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
                         other.to_string(),
                     ),
                 }
+                message_tool_attributes(&mut a, i, m);
             }
         }
         Endpoint::Completions => match facts.request.get("prompt") {
@@ -396,6 +492,14 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
                 format!("agl.response.{i}.token_ids"),
                 AttributeValue::IntArray(t.clone()),
             );
+        }
+        if let Some(p) = forced_positions(c) {
+            let key = if i == 0 {
+                semconv::agl::RESPONSE_FORCED_POSITIONS.to_string()
+            } else {
+                format!("agl.response.{i}.forced_positions")
+            };
+            put(&mut a, key, AttributeValue::IntArray(p));
         }
     }
     if let Some(id) = &rec.response_id {
@@ -537,4 +641,213 @@ pub fn spans(
     }
     out.insert(0, call);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request() -> Map<String, Value> {
+        let v = json!({
+            "model": "m",
+            "tools": [
+                {"type": "function", "function": {
+                    "name": "get_weather", "description": "Weather of a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+                {"type": "function", "function": {"name": "now"}}
+            ],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "noon"}
+            ]
+        });
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    fn attributes(rec: &CallRecord, request: &Map<String, Value>) -> Attributes {
+        call_attributes(
+            rec,
+            &SpanFacts {
+                endpoint: Endpoint::Chat,
+                request,
+                upstream: "engine",
+                start: 0.0,
+                end: 1.0,
+                status: 200,
+                error: None,
+                verdict: None,
+                redacted: false,
+            },
+        )
+    }
+
+    fn s(a: &Attributes, k: &str) -> String {
+        match a.get(k) {
+            Some(AttributeValue::Str(s)) => s.clone(),
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+
+    fn ints(a: &Attributes, k: &str) -> Vec<i64> {
+        match a.get(k) {
+            Some(AttributeValue::IntArray(v)) => v.clone(),
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tools_tool_calls_and_tool_results_of_the_request_are_recorded() {
+        let req = request();
+        let a = attributes(&CallRecord::default(), &req);
+        assert_eq!(s(&a, "gen_ai.request.functions.0.name"), "get_weather");
+        assert_eq!(
+            s(&a, "gen_ai.request.functions.0.description"),
+            "Weather of a city"
+        );
+        let schema: Value =
+            serde_json::from_str(&s(&a, "gen_ai.request.functions.0.parameters")).unwrap();
+        assert_eq!(schema["properties"]["city"]["type"], "string");
+        assert_eq!(s(&a, "gen_ai.request.functions.1.name"), "now");
+        assert!(!a.contains_key("gen_ai.request.functions.1.description"));
+        assert_eq!(s(&a, "gen_ai.request.functions.1.parameters"), "null");
+        assert!(!a.contains_key("gen_ai.request.tools"));
+
+        assert_eq!(s(&a, "gen_ai.prompt.1.role"), "assistant");
+        assert!(!a.contains_key("gen_ai.prompt.1.content"));
+        assert_eq!(s(&a, "gen_ai.prompt.1.tool_calls.0.id"), "call_1");
+        assert_eq!(s(&a, "gen_ai.prompt.1.tool_calls.0.name"), "get_weather");
+        assert_eq!(
+            s(&a, "gen_ai.prompt.1.tool_calls.0.arguments"),
+            r#"{"city":"Paris"}"#
+        );
+        assert_eq!(s(&a, "gen_ai.prompt.1.tool_calls.1.name"), "now");
+        assert_eq!(s(&a, "gen_ai.prompt.2.role"), "tool");
+        assert_eq!(s(&a, "gen_ai.prompt.2.tool_call_id"), "call_1");
+        assert_eq!(s(&a, "gen_ai.prompt.2.content"), "18 C");
+        assert_eq!(s(&a, "gen_ai.prompt.3.tool_call_id"), "call_2");
+        assert!(!a.contains_key("gen_ai.prompt.0.tool_call_id"));
+    }
+
+    #[test]
+    fn legacy_functions_are_recorded_after_tools() {
+        let mut req = request();
+        req.insert(
+            "functions".into(),
+            json!([{"name": "old", "parameters": "{\"type\":\"object\"}"}]),
+        );
+        let a = attributes(&CallRecord::default(), &req);
+        assert_eq!(s(&a, "gen_ai.request.functions.2.name"), "old");
+        assert_eq!(
+            s(&a, "gen_ai.request.functions.2.parameters"),
+            r#"{"type":"object"}"#
+        );
+    }
+
+    #[test]
+    fn a_whole_answer_gives_tool_calls_and_forced_positions_per_choice() {
+        let body = json!({
+            "id": "chatcmpl-1", "model": "m", "prompt_token_ids": [1, 2],
+            "choices": [
+                {"index": 0, "finish_reason": "tool_calls", "token_ids": [10, 11, 12, 13],
+                 "forced_token_positions": [3, 0, 3],
+                 "message": {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_9", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"}}]}},
+                {"index": 1, "finish_reason": "stop", "token_ids": [20, 21],
+                 "forced_token_positions": [1],
+                 "message": {"role": "assistant", "content": "hi"}},
+                {"index": 2, "finish_reason": "stop", "token_ids": [30],
+                 "message": {"role": "assistant", "content": "yo"}}
+            ]
+        });
+        let rec = CallRecord::from_response(Endpoint::Chat, &body);
+        let a = attributes(&rec, &request());
+        assert_eq!(s(&a, "gen_ai.completion.0.tool_calls.0.id"), "call_9");
+        assert_eq!(
+            s(&a, "gen_ai.completion.0.tool_calls.0.arguments"),
+            r#"{"city":"Rome"}"#
+        );
+        assert_eq!(ints(&a, "response_token_ids"), [10, 11, 12, 13]);
+        assert_eq!(ints(&a, semconv::agl::RESPONSE_FORCED_POSITIONS), [0, 3]);
+        assert_eq!(ints(&a, "agl.response.1.forced_positions"), [1]);
+        assert!(!a.contains_key("agl.response.2.forced_positions"));
+        assert!(!a.contains_key("agl.response.0.forced_positions"));
+    }
+
+    #[test]
+    fn streamed_deltas_give_the_same_tool_calls_and_absolute_forced_positions() {
+        // Two parallel tool calls, their arguments in pieces, interleaved by `index`; forced
+        // positions are absolute (counted from the completion's first token) in each chunk.
+        let chunk = |choice: Value| json!({"id": "chatcmpl-s", "model": "m", "choices": [choice]});
+        let chunks = [
+            json!({"id": "chatcmpl-s", "model": "m", "prompt_token_ids": [1, 2],
+                   "choices": [{"index": 0, "delta": {"role": "assistant"}, "token_ids": [10, 11],
+                                "forced_token_positions": [0, 1]}]}),
+            chunk(
+                json!({"index": 0, "token_ids": [12], "delta": {"tool_calls": [
+                {"index": 0, "id": "call_a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": ""}}]}}),
+            ),
+            chunk(
+                json!({"index": 0, "token_ids": [13, 14], "forced_token_positions": [4],
+                         "delta": {"tool_calls": [
+                {"index": 1, "id": "call_b", "type": "function",
+                 "function": {"name": "now", "arguments": "{"}},
+                {"index": 0, "function": {"arguments": "{\"city\":"}}]}}),
+            ),
+            chunk(
+                json!({"index": 0, "token_ids": [15], "forced_token_positions": ["x", 5],
+                         "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": "\"Oslo\"}"}},
+                {"index": 1, "function": {"arguments": "}"}}]}}),
+            ),
+            chunk(json!({"index": 0, "delta": {}, "finish_reason": "tool_calls"})),
+        ];
+        let mut rec = CallRecord::default();
+        for c in &chunks {
+            rec.add_chunk(Endpoint::Chat, c);
+        }
+        let a = attributes(&rec, &request());
+        assert_eq!(s(&a, "gen_ai.completion.0.finish_reason"), "tool_calls");
+        assert_eq!(s(&a, "gen_ai.completion.0.tool_calls.0.id"), "call_a");
+        assert_eq!(
+            s(&a, "gen_ai.completion.0.tool_calls.0.name"),
+            "get_weather"
+        );
+        assert_eq!(
+            s(&a, "gen_ai.completion.0.tool_calls.0.arguments"),
+            r#"{"city":"Oslo"}"#
+        );
+        assert_eq!(s(&a, "gen_ai.completion.0.tool_calls.1.id"), "call_b");
+        assert_eq!(s(&a, "gen_ai.completion.0.tool_calls.1.name"), "now");
+        assert_eq!(s(&a, "gen_ai.completion.0.tool_calls.1.arguments"), "{}");
+        assert_eq!(ints(&a, "response_token_ids"), [10, 11, 12, 13, 14, 15]);
+        assert_eq!(
+            ints(&a, semconv::agl::RESPONSE_FORCED_POSITIONS),
+            [0, 1, 4, 5]
+        );
+    }
+
+    #[test]
+    fn no_forced_positions_no_attribute() {
+        let body = json!({"id": "x", "prompt_token_ids": [1], "choices": [
+            {"index": 0, "token_ids": [5], "forced_token_positions": [],
+             "message": {"role": "assistant", "content": "a"}}]});
+        let a = attributes(
+            &CallRecord::from_response(Endpoint::Chat, &body),
+            &Map::new(),
+        );
+        assert!(!a.contains_key(semconv::agl::RESPONSE_FORCED_POSITIONS));
+        assert!(!a.keys().any(|k| k.starts_with("gen_ai.request.functions")));
+    }
 }
