@@ -11,13 +11,31 @@
 //! each sampled token ([`crate::sampling`]) and why it finished. Events stream per token, so an
 //! HTTP layer can forward them as server-sent events while the completion is produced.
 //!
+//! # Constrained requests (structured outputs)
+//!
+//! A request whose [`SamplingParams::constraint`] is set is compiled by [`Engine::submit`]
+//! itself, on the caller's thread, before it is queued ([`crate::structured`]; the compiler is
+//! built once per engine, on the first constrained request): an invalid schema or grammar is
+//! [`LlmError::InvalidRequest`] with `param = "constraint"` and nothing runs. Each row then
+//! carries its own copy of the compiled state; every step it samples among the tokens the
+//! grammar allows ([`crate::sampling::sample_masked`]), reports the raw log-probability as any
+//! row does, sets [`TokenLogprob::forced`] when the mask left no choice, and advances the
+//! grammar. Once the grammar is complete only end-of-sequence tokens are allowed, so the row
+//! ends with one ([`FinishReason::Stop`], [`StopReason::Eos`]); with `ignore_eos` it goes on
+//! emitting (forced) end-of-sequence tokens until `max_tokens`. `max_tokens`, stop strings and
+//! stop token ids end a constrained row as any other (the text may then be an incomplete
+//! document). If the grammar fails while decoding (a per-mask limit of llguidance exceeded, an
+//! internal error), the whole request ends with [`Event::Error`] (`constraint: …`): its
+//! completions could no longer be guaranteed to parse, and other requests in the batch go on.
+//! Rows without a constraint take the unconstrained sampler and pay nothing for the feature.
+//!
 //! Not responsible for HTTP, chat message rendering (the caller renders with
 //! [`crate::chat::ChatTemplate`] and tokenizes) or training.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use tokio::sync::mpsc as tmpsc;
@@ -27,7 +45,8 @@ use crate::error::{LlmError, Result};
 use crate::loader::LoadedModel;
 use crate::lora::LoraAdapter;
 use crate::model::{DecodeGroup, KvCache, LlamaModel};
-use crate::sampling::{SamplingParams, sample};
+use crate::sampling::{SamplingParams, sample, sample_masked};
+use crate::structured::{Constraint, ConstraintState, GrammarCompiler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Why a completion ended, as OpenAI names it.
@@ -70,8 +89,9 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// The most likely tokens at this position, best first.
     pub top: Vec<(u32, f32)>,
-    /// A constraint's mask left this token as the only choice: the policy did not choose it,
-    /// so a trainer keeps it out of the loss. Always false without a constraint.
+    /// A constraint's mask left this token as the only choice (one token allowed, or only
+    /// end-of-sequence tokens once the grammar is complete): the policy did not choose it, so
+    /// a trainer keeps it out of the loss. Always false without a constraint.
     pub forced: bool,
 }
 
@@ -306,6 +326,8 @@ struct Job {
     prompt: Vec<u32>,
     params: SamplingParams,
     max_tokens: usize,
+    /// The compiled constraint, each row starting from a copy.
+    constraint: Option<ConstraintState>,
     events: tmpsc::UnboundedSender<Event>,
 }
 
@@ -318,6 +340,9 @@ struct Shared {
     stats: EngineStats,
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Compiles constraints against the model's vocabulary: built on first use (the message
+    /// when the model's vocabulary cannot serve constraints).
+    grammars: OnceLock<std::result::Result<GrammarCompiler, String>>,
 }
 
 /// The engine (cheap to clone; all clones share one worker). When the last clone is dropped
@@ -361,6 +386,7 @@ impl Engine {
             stats: EngineStats::default(),
             tx: Mutex::new(Some(tx)),
             worker: Mutex::new(None),
+            grammars: OnceLock::new(),
         });
         let worker_shared = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
@@ -456,7 +482,38 @@ impl Engine {
             .unwrap_or(false)
     }
 
+    /// Compiles `constraint` against this model's vocabulary, as [`Self::submit`] does (the
+    /// first call builds the compiler: the model's token trie, tens of milliseconds). For a
+    /// caller that wants to check a constraint, or time its compilation, without generating.
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] with `param = "constraint"`: the schema or grammar does not
+    /// compile, exceeds one of llguidance's limits, allows no first token, or the model's
+    /// vocabulary cannot serve constraints (no end-of-sequence token); the message says which.
+    pub fn compile_constraint(&self, constraint: &Constraint) -> Result<ConstraintState> {
+        let compiler = self.shared.grammars.get_or_init(|| {
+            let vocab = self.shared.model.config().vocab_size;
+            GrammarCompiler::new(&self.shared.tokenizer, vocab).map_err(|e| e.to_string())
+        });
+        match compiler {
+            Ok(c) => c.compile(constraint),
+            Err(e) => Err(LlmError::invalid(
+                "constraint",
+                format!("this model cannot serve structured outputs: {e}"),
+            )),
+        }
+    }
+
     /// Submits a request; events arrive on the returned stream as tokens are produced.
+    ///
+    /// A request with a [`SamplingParams::constraint`] is compiled here, synchronously
+    /// (milliseconds for a typical schema; a hostile one is cut off by llguidance's limits):
+    /// async callers with large grammars may prefer `spawn_blocking`.
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] naming the parameter (`temperature`, `prompt`, `max_tokens`,
+    /// `constraint`, …), [`LlmError::ContextLength`], [`LlmError::UnknownModel`],
+    /// [`LlmError::EngineStopped`].
     pub fn submit(&self, req: GenerateRequest) -> Result<Stream> {
         req.params.validate()?;
         let (name, adapter) = match req.model.as_deref() {
@@ -507,6 +564,10 @@ impl Engine {
                 ));
             }
         };
+        let constraint = match &req.params.constraint {
+            Some(c) => Some(self.compile_constraint(c)?),
+            None => None,
+        };
         let (etx, erx) = tmpsc::unbounded_channel();
         let n = req.params.n;
         let job = Job {
@@ -514,6 +575,7 @@ impl Engine {
             prompt: req.prompt.clone(),
             params: req.params,
             max_tokens,
+            constraint,
             events: etx,
         };
         let sent = self
@@ -567,6 +629,10 @@ struct Row {
     text: String,
     emitted: usize,
     counts: Vec<u32>,
+    /// The row's place in its request's grammar (`None`: unconstrained).
+    constraint: Option<ConstraintState>,
+    /// The ids the grammar allows at this step (reused; empty when unconstrained).
+    allowed: Vec<u32>,
 }
 
 struct Group {
@@ -716,6 +782,8 @@ impl Worker {
                 } else {
                     Vec::new()
                 },
+                constraint: job.constraint.clone(),
+                allowed: Vec::new(),
             })
             .collect();
         let mut group = Group {
@@ -790,14 +858,41 @@ impl Worker {
     }
 
     /// Samples one token for every row of `g` from its logits, emits events, and drops
-    /// finished rows (and their cache rows).
+    /// finished rows (and their cache rows). A constrained row samples among the tokens its
+    /// grammar allows; if the grammar fails, the whole request ends with [`Event::Error`].
     fn advance(&self, g: &mut Group, logits: &[&[f32]]) -> Result<()> {
         let mut keep = Vec::with_capacity(g.rows.len());
         let mut next = Vec::with_capacity(g.rows.len());
         let mut finished = Vec::new();
         let mut client_gone = false;
+        let mut failed = None;
         for (i, row) in g.rows.iter_mut().enumerate() {
-            let s = sample(logits[i], &g.job.params, &row.counts, &mut row.rng)?;
+            let (s, forced) = match row.constraint.as_mut() {
+                None => (
+                    sample(logits[i], &g.job.params, &row.counts, &mut row.rng)?,
+                    false,
+                ),
+                Some(state) => {
+                    let step = state.allowed_tokens(&mut row.allowed).and_then(|forced| {
+                        let s = sample_masked(
+                            logits[i],
+                            &row.allowed,
+                            &g.job.params,
+                            &row.counts,
+                            &mut row.rng,
+                        )?;
+                        state.commit(s.token)?;
+                        Ok((s, forced))
+                    });
+                    match step {
+                        Ok(x) => x,
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+            };
             self.shared
                 .stats
                 .generation_tokens
@@ -816,7 +911,7 @@ impl Worker {
                 token_id: s.token,
                 logprob: s.logprob,
                 top: s.top,
-                forced: false,
+                forced,
             };
             if g.job
                 .events
@@ -844,6 +939,12 @@ impl Worker {
                     });
                 }
             }
+        }
+        if let Some(e) = failed {
+            let _ = g.job.events.send(Event::Error(e.to_string()));
+            g.rows.clear();
+            self.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
         if client_gone {
             g.rows.clear();

@@ -8,7 +8,11 @@
 //! forward recomputes, so a PPO/GRPO ratio starts at 1. With temperature 1 and no truncation it
 //! is also the behaviour policy's probability.
 //!
-//! Not responsible for batching, stop strings or decoding text ([`crate::engine`]).
+//! [`sample_masked`] is the same choice restricted to the tokens a constraint allows
+//! ([`crate::structured`]); it reports the same raw log-probability.
+//!
+//! Not responsible for batching, stop strings or decoding text ([`crate::engine`]), or for
+//! computing a constraint's mask ([`crate::structured`]).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -200,6 +204,69 @@ pub fn sample(
     })
 }
 
+/// Chooses the next token among `allowed` (ascending token ids, as a constraint's mask gives
+/// them; ids past `logits` are ignored) with the same temperature, top-k, top-p and penalty
+/// rules as [`sample`], applied to the allowed tokens only (the others have probability 0, as
+/// vLLM applies a grammar's bitmask before its sampler). The reported log-probability and
+/// alternatives stay those of the **raw**, unmasked distribution, as [`sample`] reports them.
+///
+/// The unconstrained path ([`sample`]) does not go through here and pays nothing for it.
+///
+/// # Errors
+/// [`LlmError::Generation`] when no allowed id lies inside `logits`.
+pub fn sample_masked(
+    logits: &[f32],
+    allowed: &[u32],
+    params: &SamplingParams,
+    counts: &[u32],
+    rng: &mut ChaCha8Rng,
+) -> Result<Sampled> {
+    let ids: Vec<usize> = allowed
+        .iter()
+        .map(|&t| t as usize)
+        .filter(|&t| t < logits.len())
+        .collect();
+    if ids.is_empty() {
+        return Err(LlmError::Generation(
+            "the constraint allows no token of the vocabulary".into(),
+        ));
+    }
+    let penalised =
+        (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0) && !counts.is_empty();
+    // The allowed tokens' (penalised) logits, compacted: draw and argmax index into `ids`.
+    let values: Vec<f32> = ids
+        .iter()
+        .map(|&t| match counts.get(t) {
+            Some(&c) if penalised && c > 0 => {
+                logits[t] - (params.presence_penalty + params.frequency_penalty * c as f32)
+            }
+            _ => logits[t],
+        })
+        .collect();
+    let pick = if ids.len() == 1 {
+        0
+    } else if params.temperature == 0.0 {
+        argmax(&values)
+    } else {
+        draw(&values, params, rng)
+    };
+    let token = ids[pick];
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let top = match params.logprobs {
+        Some(k) if k > 0 => top_k_indices(logits, k)
+            .into_iter()
+            .map(|i| (i as u32, logits[i] - lse))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(Sampled {
+        token: token as u32,
+        logprob: logits[token] - lse,
+        top,
+    })
+}
+
 fn argmax(v: &[f32]) -> usize {
     let mut best = 0;
     for (i, &x) in v.iter().enumerate() {
@@ -340,6 +407,56 @@ mod tests {
         assert_eq!(s.token, 1);
         let lse = (1f32.exp() + 0.9f32.exp()).ln();
         assert!((s.logprob - (0.9 - lse)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_mask_limits_the_choice_not_the_reported_logprob() {
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let lse = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(2),
+            ..Default::default()
+        };
+        let s = sample_masked(&logits, &[1, 3], &greedy, &[], &mut greedy.rng(0)).unwrap();
+        assert_eq!(s.token, 1);
+        assert!((s.logprob - (2.0 - lse)).abs() < 1e-6);
+        // Alternatives come from the raw distribution, masked tokens included.
+        assert_eq!(s.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 1]);
+        for p in [
+            SamplingParams {
+                seed: Some(3),
+                ..Default::default()
+            },
+            SamplingParams {
+                seed: Some(3),
+                top_k: 1,
+                ..Default::default()
+            },
+            SamplingParams {
+                seed: Some(3),
+                top_p: 0.3,
+                presence_penalty: 2.0,
+                ..Default::default()
+            },
+        ] {
+            let mut rng = p.rng(0);
+            let mut seen = [0usize; 4];
+            for _ in 0..300 {
+                let s = sample_masked(&logits, &[2, 3], &p, &[0, 0, 0, 1], &mut rng).unwrap();
+                seen[s.token as usize] += 1;
+                assert!((s.logprob - (logits[s.token as usize] - lse)).abs() < 1e-6);
+            }
+            assert_eq!(seen[0] + seen[1], 0, "{p:?}");
+            if p.top_k == 0 && p.top_p == 1.0 {
+                // Both allowed tokens come up at temperature 1.
+                assert!(seen[2] > 0 && seen[3] > 0, "{seen:?}");
+            } else {
+                // top-k 1 keeps the better allowed token; the penalty makes 3 worse than 2.
+                assert_eq!(seen[3], 0, "{p:?} {seen:?}");
+            }
+        }
+        assert!(sample_masked(&logits, &[7], &greedy, &[], &mut greedy.rng(0)).is_err());
     }
 
     #[test]

@@ -694,6 +694,22 @@ impl Tokenizer {
         &self.eos_ids
     }
 
+    /// The ids of the special (control) tokens, ascending: `<|im_start|>`, `<|im_end|>`, … (GGUF
+    /// token type 3; `tokenizer.json` added tokens with `"special": true`). User-defined added
+    /// tokens (`<think>`, `<tool_call>` where they are not special) are not among them: their
+    /// text is ordinary text, kept by `skip_special_tokens`.
+    pub fn special_token_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// The id of the token spelled `s` in the vocabulary (byte-level spelling for ordinary
     /// tokens, e.g. `"Ġthe"`; the plain text for added tokens, e.g. `"<|im_end|>"`).
     pub fn token_id(&self, s: &str) -> Option<u32> {

@@ -169,6 +169,13 @@ async fn chat(
     })?;
     let format = state.tool_call_parser.resolve(template);
     let plan = ChatPlan::read(&value, format)?;
+    if !plan.tools.is_empty() {
+        // Compiling a hostile schema can take seconds: not on the async runtime's threads.
+        let (checked, engine) = (plan.clone(), engine.clone());
+        tokio::task::spawn_blocking(move || checked.check_schemas(&engine))
+            .await
+            .map_err(|e| ApiError::internal(format!("checking the tools' schemas: {e}")))??;
+    }
     let mut messages = normalize_messages(std::mem::take(&mut req.messages))?;
     let tools = Value::Array(plan.tools_raw.clone());
     let template_tools = if template.supports_tools() {

@@ -9,14 +9,12 @@
 //! may hold several calls, one per line; a json answer is always one call.
 //!
 //! The JSON inside is written as Python's `json.dumps` writes it (`", "` and `": "`, no other
-//! whitespace): what the models' training data holds, and no room for a small model to loop on
-//! whitespace. Not responsible for `response_format` (its schema goes to the engine as is).
-
-use serde_json::{Value, json};
+//! whitespace; [`json_schema_with_defaults`]): what the models' training data holds, and no room
+//! for a small model to loop on whitespace. Not responsible for `response_format` (its schema goes to the engine as is).
 
 use super::Tool;
 use super::parser::ToolCallFormat;
-use crate::structured::Constraint;
+use crate::structured::{Constraint, json_schema_with_defaults};
 
 /// The grammar of one call of `tools[index]`, or of any tool when `index` is `None`.
 pub(crate) fn forced_call(
@@ -41,7 +39,7 @@ pub(crate) fn forced_call(
         rules.push_str(&format!(
             "fn_{k}: \"\\\"{name}\\\", \\\"{key}\\\": \" args_{k}\nargs_{k}: %json {schema}\n",
             name = tool.name,
-            schema = with_layout(&tool.parameters),
+            schema = json_schema_with_defaults(&tool.parameters),
         ));
     }
     let body = format!("\"{{\\\"name\\\": \" ({}) \"}}\"", alternatives.join(" | "));
@@ -59,20 +57,10 @@ pub(crate) fn forced_call(
     Constraint::Lark(format!("{start}{rules}"))
 }
 
-/// `schema` with llguidance's layout options: `json.dumps` separators, no free whitespace.
-fn with_layout(schema: &Value) -> Value {
-    let mut s = schema.clone();
-    if let Value::Object(map) = &mut s {
-        map.insert(
-            "x-guidance".into(),
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
-        );
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn tools() -> Vec<Tool> {
