@@ -10,8 +10,9 @@
 //! `max_completion_tokens` may generate until the context is full (vLLM's default), or at most
 //! the server's `default_max_tokens` (`agl llm serve --max-tokens-default`).
 //!
-//! Streaming with tool parsing on: text that may still become a tool call is held back (for
-//! hermes, from `<tool_call>` on; for json, an answer that starts with `{` or `[`); at the end
+//! Streaming with tool parsing on: text that may still become a tool call is held back (from
+//! `<tool_call>` on, and an answer that starts like a json-style call: `{`, `[` or a code
+//! fence around one; `ToolCallFormat::settled_content`); at the end
 //! each parsed call is sent whole as one `delta.tool_calls` chunk (id, type, name and all of its
 //! arguments), then the chunk with `finish_reason`. Text that parses as no call is sent as
 //! content then. So a stream and a plain answer to the same request carry the same calls.

@@ -7,7 +7,13 @@
 //!   `<tool_call>` is the message's content. A last call that ends without `</tool_call>` (the
 //!   model stopped right after its JSON) still counts.
 //! * **json** (Llama 3.1 style): the whole answer is one JSON object
-//!   `{"name": "…", "parameters": {…}}` (or `"arguments"`), or a JSON array of them; no content.
+//!   `{"name": "…", "parameters": {…}}` (or `"arguments"`), or a JSON array of them, possibly
+//!   inside one Markdown code fence (` ```json … ``` `); no content.
+//!
+//! The hermes parser also reads an answer without `<tool_call>` that is a json-style call (agl's
+//! difference from vLLM's hermes parser): Qwen2.5-Coder-1.5B-Instruct, asked with tools under
+//! `tool_choice: "auto"`, answered every one of 24 tool prompts with a fenced
+//! `{"name", "arguments"}` object naming the right tool, and vLLM's parser reads none of them.
 //!
 //! A call is only recognised when its JSON parses, it names a function of the request's
 //! `tools`, and its arguments are a JSON object; otherwise the whole text stays the message's
@@ -73,6 +79,9 @@ impl ToolCallFormat {
                 if let Some(at) = text.find(OPEN) {
                     return at;
                 }
+                if could_be_json_call(text) {
+                    return 0;
+                }
                 let held = (1..OPEN.len())
                     .rev()
                     .find(|&k| text.len() >= k && text.ends_with(&OPEN[..k]))
@@ -83,16 +92,60 @@ impl ToolCallFormat {
                 }
                 end
             }
-            Self::Json => match text.trim_start().chars().next() {
-                None | Some('{') | Some('[') => 0,
-                Some(_) => text.len(),
-            },
+            Self::Json => {
+                if could_be_json_call(text) {
+                    0
+                } else {
+                    text.len()
+                }
+            }
         }
     }
 }
 
+/// Whether a growing answer may still turn out to be a json-style call: blank so far, or
+/// starting with `{` or `[`, or with a code fence whose language is empty or `json` and whose
+/// body is blank or starts with `{` or `[`.
+fn could_be_json_call(text: &str) -> bool {
+    let t = text.trim_start();
+    let json_start = |b: &str| {
+        let b = b.trim_start();
+        b.is_empty() || b.starts_with('{') || b.starts_with('[')
+    };
+    if json_start(t) {
+        return true;
+    }
+    if t.len() < 3 {
+        return "```".starts_with(t);
+    }
+    let Some(rest) = t.strip_prefix("```") else {
+        return false;
+    };
+    match rest.split_once('\n') {
+        None => "json".starts_with(rest.trim_end()),
+        Some((lang, body)) => matches!(lang.trim(), "" | "json") && json_start(body),
+    }
+}
+
+/// `text` without one enclosing Markdown code fence (` ``` ` or ` ```json `), trimmed.
+fn strip_fence(text: &str) -> &str {
+    let t = text.trim();
+    let Some(rest) = t.strip_prefix("```") else {
+        return t;
+    };
+    let Some((lang, body)) = rest.split_once('\n') else {
+        return t;
+    };
+    if !matches!(lang.trim(), "" | "json") {
+        return t;
+    }
+    body.trim_end().strip_suffix("```").unwrap_or(body).trim()
+}
+
 fn parse_hermes(text: &str, names: &[&str]) -> Option<Parsed> {
-    let first = text.find(OPEN)?;
+    let Some(first) = text.find(OPEN) else {
+        return parse_json(text, names);
+    };
     let mut calls = Vec::new();
     let mut rest = &text[first..];
     while let Some(at) = rest.find(OPEN) {
@@ -114,7 +167,7 @@ fn parse_hermes(text: &str, names: &[&str]) -> Option<Parsed> {
 }
 
 fn parse_json(text: &str, names: &[&str]) -> Option<Parsed> {
-    let value: Value = serde_json::from_str(text.trim()).ok()?;
+    let value: Value = serde_json::from_str(strip_fence(text)).ok()?;
     let calls = match &value {
         Value::Array(items) if !items.is_empty() => items
             .iter()
@@ -179,6 +232,7 @@ mod tests {
     fn hermes_rejects_unknown_names_bad_json_and_plain_text() {
         for text in [
             "no call here",
+            "```sql\nSELECT 1\n```",
             "<tool_call>{\"name\": \"delete_all\", \"arguments\": {}}</tool_call>",
             "<tool_call>{\"name\": \"add\", \"arguments\": {</tool_call>",
             "<tool_call>{\"name\": \"add\", \"arguments\": [1]}</tool_call>",
@@ -197,6 +251,21 @@ mod tests {
             .unwrap();
         assert_eq!(p.content, None);
         assert_eq!(p.calls[0].arguments, r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn hermes_reads_a_fenced_json_call_as_qwen_coder_writes_it() {
+        let text = "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Paris\"\n  }\n}\n```";
+        let p = ToolCallFormat::Hermes.parse(text, NAMES).unwrap();
+        assert_eq!(p.content, None);
+        assert_eq!(p.calls[0].name, "get_weather");
+        assert_eq!(p.calls[0].arguments, r#"{"city":"Paris"}"#);
+        let h = ToolCallFormat::Hermes;
+        assert_eq!(h.settled_content("``"), 0);
+        assert_eq!(h.settled_content("```js"), 0);
+        assert_eq!(h.settled_content("```json\n{"), 0);
+        assert_eq!(h.settled_content("```sql\nSELECT"), 13);
+        assert_eq!(h.settled_content("```\nSELECT"), 10);
     }
 
     #[test]
