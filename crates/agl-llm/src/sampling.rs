@@ -167,8 +167,7 @@ pub fn sample(
         return Err(LlmError::invalid("logits", "empty"));
     }
     // Raw log-softmax normaliser.
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let lse = log_sum_exp(logits);
 
     let penalised = params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
     let adjusted: std::borrow::Cow<'_, [f32]> = if penalised && !counts.is_empty() {
@@ -190,18 +189,7 @@ pub fn sample(
     } else {
         draw(&adjusted, params, rng)
     };
-    let top = match params.logprobs {
-        Some(k) if k > 0 => top_k_indices(logits, k)
-            .into_iter()
-            .map(|i| (i as u32, logits[i] - lse))
-            .collect(),
-        _ => Vec::new(),
-    };
-    Ok(Sampled {
-        token: token as u32,
-        logprob: logits[token] - lse,
-        top,
-    })
+    Ok(raw_report(logits, lse, token, params.logprobs))
 }
 
 /// Chooses the next token among `allowed` (ascending token ids, as a constraint's mask gives
@@ -251,20 +239,30 @@ pub fn sample_masked(
         draw(&values, params, rng)
     };
     let token = ids[pick];
+    let lse = log_sum_exp(logits);
+    Ok(raw_report(logits, lse, token, params.logprobs))
+}
+
+/// `log(sum(exp(logits)))`, the raw log-softmax normaliser.
+fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
-    let top = match params.logprobs {
+    max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln()
+}
+
+/// `token` with its raw log-probability and, when asked, the `k` most likely alternatives.
+fn raw_report(logits: &[f32], lse: f32, token: usize, logprobs: Option<usize>) -> Sampled {
+    let top = match logprobs {
         Some(k) if k > 0 => top_k_indices(logits, k)
             .into_iter()
             .map(|i| (i as u32, logits[i] - lse))
             .collect(),
         _ => Vec::new(),
     };
-    Ok(Sampled {
+    Sampled {
         token: token as u32,
         logprob: logits[token] - lse,
         top,
-    })
+    }
 }
 
 fn argmax(v: &[f32]) -> usize {

@@ -11,7 +11,6 @@ use agl_llm::{
     Completion, Constraint, Engine, EngineConfig, Event, FinishReason, GenerateRequest, Generation,
     LlmError, LoadedModel, SamplingParams, StopReason,
 };
-use candle_core::{Device, Tensor};
 use serde_json::{Value, json};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -69,25 +68,6 @@ fn assert_ends_with_eos(lm: &LoadedModel, c: &Completion) {
     assert_eq!(c.stop_reason, Some(StopReason::Eos(last)));
 }
 
-/// Teacher-forced log-probabilities of `tokens` after `prompt` (temperature 1, no mask).
-fn recomputed(lm: &LoadedModel, prompt: &[u32], tokens: &[u32]) -> Vec<f32> {
-    let mut all = prompt.to_vec();
-    all.extend(tokens);
-    let ids = Tensor::new(all.as_slice(), &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
-    let lp = lm
-        .model
-        .token_logprobs(&ids, None)
-        .unwrap()
-        .squeeze(0)
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    lp[prompt.len() - 1..].to_vec()
-}
-
 #[test]
 fn a_json_schema_group_parses_reports_raw_logprobs_and_marks_forced_tokens() {
     let Some(lm) = common::loaded() else { return };
@@ -124,7 +104,7 @@ fn a_json_schema_group_parses_reports_raw_logprobs_and_marks_forced_tokens() {
         );
         texts.push(c.text.clone());
         // (e) The reported log-probabilities are the raw model's, not the mask's.
-        let raw = recomputed(lm, &prompt, &c.token_ids);
+        let raw = common::teacher_forced_logprobs(lm, &prompt, &c.token_ids);
         for (j, lp) in c.logprobs.iter().enumerate() {
             worst = worst.max((raw[j] - lp.logprob).abs());
             // Alternatives are raw too: the best of them is at least as likely as the token.

@@ -55,3 +55,22 @@ pub fn chat_prompt(lm: &LoadedModel, user: &str) -> Vec<u32> {
         .unwrap();
     lm.tokenizer.encode(&text, false).unwrap()
 }
+
+/// Teacher-forced log-probabilities of `tokens` after `prompt` (temperature 1, no mask).
+pub fn teacher_forced_logprobs(lm: &LoadedModel, prompt: &[u32], tokens: &[u32]) -> Vec<f32> {
+    let mut all = prompt.to_vec();
+    all.extend(tokens);
+    let ids = candle_core::Tensor::new(all.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let lp = lm
+        .model
+        .token_logprobs(&ids, None)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    lp[prompt.len() - 1..].to_vec()
+}
