@@ -14,19 +14,7 @@ use agl_llm::{
 use serde_json::{Value, json};
 use std::sync::atomic::Ordering::Relaxed;
 
-fn prompt(lm: &LoadedModel, system: &str, user: &str) -> Vec<u32> {
-    let messages = [
-        json!({"role": "system", "content": system}),
-        json!({"role": "user", "content": user}),
-    ];
-    let text = lm
-        .chat_template
-        .as_ref()
-        .unwrap()
-        .render(&messages, None, true)
-        .unwrap();
-    lm.tokenizer.encode(&text, false).unwrap()
-}
+use common::chat_prompt_with as prompt;
 
 fn person_prompt(lm: &LoadedModel) -> Vec<u32> {
     prompt(

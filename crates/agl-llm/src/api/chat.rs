@@ -31,7 +31,7 @@ use super::error::ApiError;
 use super::generate::{
     self, ChunkFormat, Merged, Timing, finite_logprob, sse_data, stop_reason_json,
 };
-use super::tools::{ChatPlan, ToolCallFormat, fallback};
+use super::tools::{ChatPlan, ToolCallFormat, check_schemas, fallback};
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob, Delta, ToolCall, TopLogprob, Usage,
@@ -172,8 +172,8 @@ async fn chat(
     let plan = ChatPlan::read(&value, format)?;
     if !plan.tools.is_empty() {
         // Compiling a hostile schema can take seconds: not on the async runtime's threads.
-        let (checked, engine) = (plan.clone(), engine.clone());
-        tokio::task::spawn_blocking(move || checked.check_schemas(&engine))
+        let (tools, engine) = (plan.tools.clone(), engine.clone());
+        tokio::task::spawn_blocking(move || check_schemas(&tools, &engine))
             .await
             .map_err(|e| ApiError::internal(format!("checking the tools' schemas: {e}")))??;
     }

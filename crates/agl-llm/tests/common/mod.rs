@@ -41,10 +41,19 @@ pub fn loaded() -> Option<&'static LoadedModel> {
         .as_ref()
 }
 
-/// A chat prompt rendered with the model's template and tokenized.
+/// A chat prompt rendered with the model's template and tokenized (the SQL system prompt).
 pub fn chat_prompt(lm: &LoadedModel, user: &str) -> Vec<u32> {
+    chat_prompt_with(
+        lm,
+        "You write SQLite queries. Answer with one SQL statement.",
+        user,
+    )
+}
+
+/// A system and a user turn rendered with the model's template and tokenized.
+pub fn chat_prompt_with(lm: &LoadedModel, system: &str, user: &str) -> Vec<u32> {
     let messages = [
-        serde_json::json!({"role": "system", "content": "You write SQLite queries. Answer with one SQL statement."}),
+        serde_json::json!({"role": "system", "content": system}),
         serde_json::json!({"role": "user", "content": user}),
     ];
     let text = lm

@@ -264,27 +264,6 @@ impl ChatPlan {
         })
     }
 
-    /// Compiles every tool's `parameters` schema against the model's vocabulary, so a schema
-    /// that cannot be enforced is a 400 naming its tool whatever `tool_choice` says (OpenAI
-    /// checks schemas up front too). About a third of a millisecond per tool.
-    pub fn check_schemas(&self, engine: &crate::Engine) -> Result<(), ApiError> {
-        for (k, tool) in self.tools.iter().enumerate() {
-            let schema = Constraint::JsonSchema(tool.parameters.clone());
-            if let Err(e) = engine.compile_constraint(&schema) {
-                let field = format!("tools[{k}].function.parameters");
-                let message = match e {
-                    crate::LlmError::InvalidRequest { message, .. } => message,
-                    other => other.to_string(),
-                };
-                return Err(ApiError::invalid(
-                    &field,
-                    format!("`{field}` is not a usable JSON Schema: {message}"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// The names of the request's tools.
     pub fn names(&self) -> Vec<&str> {
         self.tools.iter().map(|t| t.name.as_str()).collect()
@@ -328,6 +307,27 @@ impl ChatPlan {
             None => plain(text),
         }
     }
+}
+
+/// Compiles every tool's `parameters` schema against the model's vocabulary, so a schema
+/// that cannot be enforced is a 400 naming its tool whatever `tool_choice` says (OpenAI
+/// checks schemas up front too). About a third of a millisecond per tool.
+pub(crate) fn check_schemas(tools: &[Tool], engine: &crate::Engine) -> Result<(), ApiError> {
+    for (k, tool) in tools.iter().enumerate() {
+        let schema = Constraint::JsonSchema(tool.parameters.clone());
+        if let Err(e) = engine.compile_constraint(&schema) {
+            let field = format!("tools[{k}].function.parameters");
+            let message = match e {
+                crate::LlmError::InvalidRequest { message, .. } => message,
+                other => other.to_string(),
+            };
+            return Err(ApiError::invalid(
+                &field,
+                format!("`{field}` is not a usable JSON Schema: {message}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An OpenAI-style call id: `call_` and 24 letters and digits.
