@@ -26,6 +26,7 @@
 //! | `--` not followed by whitespace (`--x`, `1--1`) | a comment in SQLite / PostgreSQL, two minus signs in MySQL | `Suspicious` |
 //! | carriage return inside a `--` comment (not part of the final CRLF) | PostgreSQL ends the comment at CR, SQLite and MySQL at LF only | `Suspicious` |
 //! | `#` comment (tokenized as a comment only in the MySQL dialect) | a comment only in MySQL | `Suspicious` |
+//! | `#` outside quotes in any other dialect (`a # b`, `#>`, `name#`) | a comment in MySQL, an operator in PostgreSQL, part of a name in the generic dialect | `Suspicious` |
 //! | an expression chain longer than [`MAX_CHAIN_TOKENS`] tokens along one nesting path | the syntax tree of `1+1+…+1` is as deep as the chain; bounded so that walking and dropping it cannot overflow the stack | `TooComplex` |
 //! | nesting deeper than sqlparser's recursion limit ([`RECURSION_LIMIT`], parentheses / subqueries) | no stack overflow on `((((…` | `Syntax` |
 //! | anything the dialect's tokenizer or parser rejects (look-alike letters such as Cyrillic `О` or full-width `ＤＲＯＰ` included) | fail closed | `Syntax` |
@@ -407,6 +408,13 @@ fn scan_tokens(tokens: &[TokenWithSpan]) -> Result<bool, SqlRejection> {
                 previous = None;
                 continue;
             }
+            token if hash_outside_quotes(token) => {
+                return suspicious(format!(
+                    "`#` outside quotes at {}: a comment in MySQL, an operator or part of a \
+                     name in other engines",
+                    at(t)
+                ));
+            }
             Token::Minus if previous == Some(&Token::Minus) => {
                 return suspicious(format!(
                     "`--` not followed by whitespace at {}: two minus signs in MySQL, a comment \
@@ -446,6 +454,36 @@ fn scan_tokens(tokens: &[TokenWithSpan]) -> Result<bool, SqlRejection> {
         previous = Some(&t.token);
     }
     Ok(has_comments)
+}
+
+/// Whether a (non-comment) token carries a `#` that is not inside a string literal or a
+/// quoted name: MySQL reads it as the start of a comment, PostgreSQL as an operator and the
+/// generic dialect as part of a name, so the same text runs differently per engine.
+fn hash_outside_quotes(token: &Token) -> bool {
+    match token {
+        Token::Word(w) => w.quote_style.is_none() && w.value.contains('#'),
+        Token::SingleQuotedString(_)
+        | Token::DoubleQuotedString(_)
+        | Token::TripleSingleQuotedString(_)
+        | Token::TripleDoubleQuotedString(_)
+        | Token::DollarQuotedString(_)
+        | Token::SingleQuotedByteStringLiteral(_)
+        | Token::DoubleQuotedByteStringLiteral(_)
+        | Token::TripleSingleQuotedByteStringLiteral(_)
+        | Token::TripleDoubleQuotedByteStringLiteral(_)
+        | Token::SingleQuotedRawStringLiteral(_)
+        | Token::DoubleQuotedRawStringLiteral(_)
+        | Token::TripleSingleQuotedRawStringLiteral(_)
+        | Token::TripleDoubleQuotedRawStringLiteral(_)
+        | Token::NationalStringLiteral(_)
+        | Token::EscapedStringLiteral(_)
+        | Token::UnicodeStringLiteral(_)
+        | Token::HexStringLiteral(_)
+        | Token::Whitespace(_) => false,
+        // Operators (`#`, `##`, `#>`, `#>>`, `#-`, `?#`), placeholders and anything a later
+        // sqlparser adds: fail closed on any `#` in their text.
+        other => other.to_string().contains('#'),
+    }
 }
 
 #[cfg(test)]
@@ -500,6 +538,32 @@ mod tests {
         let r = rejection("SELECT 1 /* open", SqlDialect::Sqlite).unwrap();
         assert_eq!(r.kind, RejectionKind::Syntax);
         assert!(r.reason.contains("multi-line comment"), "{}", r.reason);
+    }
+
+    #[test]
+    fn a_hash_outside_quotes_is_rejected_in_every_dialect() {
+        // Found by the adversarial property test: PostgreSQL reads `load_extension # ('x.so')`
+        // as an XOR, the generic dialect reads `load_extension#` as a name, MySQL reads a
+        // comment and so calls load_extension('x.so').
+        for d in SqlDialect::ALL {
+            for sql in [
+                "/**/select load_extension#\n( 'x.so'/**/)",
+                "SELECT load_extension #\n('x.so')",
+                "SELECT a # b FROM t",
+                "SELECT doc #> '{a}' FROM t",
+                "SELECT doc #- '{a}' FROM t",
+            ] {
+                let r = rejection(sql, d);
+                assert!(r.is_some(), "{d}: {sql:?}");
+                assert_eq!(r.unwrap().kind, RejectionKind::Suspicious, "{d}: {sql:?}");
+            }
+            for sql in [
+                "SELECT name FROM t WHERE tag = '#1'",
+                "SELECT \"col#1\" FROM t",
+            ] {
+                assert!(rejection(sql, d).is_none(), "{d}: {sql:?}");
+            }
+        }
     }
 
     #[test]
