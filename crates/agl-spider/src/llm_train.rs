@@ -111,7 +111,7 @@ pub fn row_of(f: &FinishedRollout) -> SqlEvalRow {
 pub fn judge(f: &FinishedRollout) -> Judged {
     let row = row_of(f);
     Judged {
-        reward: row.reward.unwrap_or(0.0),
+        reward: Some(row.reward.unwrap_or(0.0)),
         violations: row.sql_violations.len() + row.llm_violations.len(),
     }
 }

@@ -36,6 +36,7 @@
 //! original; `python_compat` switches reproduce the Python numbers.
 
 pub mod checkpoint;
+pub mod dataset;
 pub mod emitter;
 pub mod environment;
 pub mod error;
@@ -49,6 +50,7 @@ pub mod tracer_adapter;
 pub mod training_mode;
 pub mod violation;
 
+pub use dataset::load_dataset;
 pub use emitter::{
     EmitterConfig, EmitterStats, FlightRecorderEmitter, LightningSpan, ViolationSummary,
     create_emitter,
@@ -72,7 +74,8 @@ pub use reward::{
     RewardStats, create_policy_reward, policy_penalty,
 };
 pub use rollout_batch::{
-    BatchPlan, DEFAULT_LLM_RESOURCE, FinishedRollout, InProcessRunners, RunnerPool, run_batch,
+    BatchPlan, DEFAULT_LLM_RESOURCE, ExternalRunners, FinishedRollout, InProcessRunners,
+    RunnerPool, run_batch,
 };
 pub use runner::{
     Agent, AgentError, Annotation, Approved, CancellationToken, GovernedRunner, HEARTBEAT_KEY,

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use agl_core::{Attempt, AttributeValue, Rollout, RolloutMode, semconv};
+use agl_core::{Attempt, AttemptStatus, AttributeValue, Rollout, RolloutMode, semconv};
 use agl_llm::LoraAdapter;
 use agl_store::LightningStore;
 use serde::{Deserialize, Serialize};
@@ -139,10 +139,40 @@ pub fn save_checkpoint(
 /// What a rollout means for training, as the task judges it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Judged {
-    /// Final reward (the algorithm's signal; a rollout without one counts 0).
-    pub reward: f64,
+    /// Final reward (the algorithm's signal); `None` leaves the rollout out of the update (its
+    /// group is judged without it) and counts it in [`StepStats::unrewarded`].
+    pub reward: Option<f64>,
     /// Violations the rollout had (`screen` drops the rollout when non-zero).
     pub violations: usize,
+}
+
+impl Judged {
+    /// The judgement of an agent agl did not write, from what the store holds: the reward is
+    /// the final reward span of the latest attempt ([`semconv::find_final_reward`]: Agent
+    /// Lightning's `emit_reward` / a `@rollout`'s return value, or an exec agent's reported
+    /// reward), `None` when the attempt did not succeed (`failed`, `timeout`, …) or wrote no
+    /// reward; the violations are those the attempt's spans record: the runner's governance
+    /// annotation (`agent_os.violations`) when there is one, else one per violation span the
+    /// LLM gateway wrote ([`crate::gateway_violations`]).
+    pub fn from_spans(f: &FinishedRollout) -> Judged {
+        let succeeded = f
+            .attempt
+            .as_ref()
+            .is_some_and(|a| a.status == AttemptStatus::Succeeded);
+        let reward = if succeeded {
+            semconv::find_final_reward(&f.spans)
+        } else {
+            None
+        };
+        let annotated = f.spans.iter().rev().find_map(|sp| {
+            match sp.attributes.get(semconv::agent_os::VIOLATIONS) {
+                Some(AttributeValue::Int(n)) => Some(usize::try_from(*n).unwrap_or(0)),
+                _ => None,
+            }
+        });
+        let violations = annotated.unwrap_or_else(|| crate::gateway_violations(&f.spans).len());
+        Judged { reward, violations }
+    }
 }
 
 /// The loop's settings.
@@ -172,6 +202,8 @@ pub struct LlmLoopConfig {
     pub checkpoint_dir: Option<PathBuf>,
     /// Save `step-N/` every N steps (besides `final/`).
     pub checkpoint_every: Option<usize>,
+    /// Each rollout's retry and time-limit settings (`None`: the store's defaults).
+    pub rollout_config: Option<agl_core::RolloutConfig>,
 }
 
 /// What one step did (seconds; counts of rollouts, groups and calls).
@@ -187,6 +219,9 @@ pub struct StepStats {
     pub stale_calls: usize,
     /// Flagged rollouts dropped from the gradient (`screen` mode; 0 otherwise).
     pub screened: usize,
+    /// Rollouts left out of the update because they have no reward (the judge's `None`: an
+    /// agent that reported none, or an attempt that failed or timed out).
+    pub unrewarded: usize,
     /// Seconds of the rollout phase (from the first enqueue to the last finish).
     pub rollout_seconds: f64,
     /// Seconds the engine spent answering the step's calls, summed over calls
@@ -299,6 +334,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 seed: None,
                 mode: RolloutMode::Train,
                 workers: c.workers,
+                config: c.rollout_config.clone(),
             };
             let (finished, rollout_seconds) =
                 run_batch(self.store, self.runners, &plan, &batch, |r, a| {
@@ -358,7 +394,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
         let mut samples = Vec::new();
         let mut rewards: HashMap<String, f64> = HashMap::new();
         let mut group_rewards: HashMap<usize, Vec<f64>> = HashMap::new();
-        let (mut refused, mut stale, mut screened) = (0usize, 0usize, 0usize);
+        let (mut refused, mut stale, mut screened, mut unrewarded) = (0usize, 0, 0, 0);
         for (f, j) in finished.iter().zip(judged) {
             let task = f.index / group_size;
             // `screen` drops a flagged rollout from its group before advantages are computed.
@@ -366,8 +402,12 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 screened += 1;
                 continue;
             }
-            rewards.insert(f.rollout_id.clone(), j.reward);
-            group_rewards.entry(task).or_default().push(j.reward);
+            let Some(reward) = j.reward else {
+                unrewarded += 1;
+                continue;
+            };
+            rewards.insert(f.rollout_id.clone(), reward);
+            group_rewards.entry(task).or_default().push(reward);
             if f.spans.is_empty() {
                 continue;
             }
@@ -382,7 +422,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 &f.rollout_id,
                 &group,
                 &triplets,
-                j.reward,
+                reward,
             )?);
         }
         assign_advantages(&mut samples, &rewards);
@@ -396,6 +436,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
             refused_calls: refused,
             stale_calls: stale,
             screened,
+            unrewarded,
             update,
             ..StepStats::default()
         })
@@ -442,6 +483,77 @@ mod tests {
         std::fs::write(&path, "{").unwrap();
         let e = TrainerState::read(dir.path()).unwrap_err().to_string();
         assert!(e.contains(TRAINER_STATE) && e.contains("malformed"), "{e}");
+    }
+
+    fn finished(status: AttemptStatus, spans: Vec<agl_core::Span>) -> FinishedRollout {
+        let rollout: Rollout = serde_json::from_value(serde_json::json!({
+            "rollout_id": "ro-1", "input": {"q": 1}, "start_time": 0.0, "status": "succeeded"
+        }))
+        .unwrap();
+        let attempt: Attempt = serde_json::from_value(serde_json::json!({
+            "rollout_id": "ro-1", "attempt_id": "at-1", "sequence_id": 1, "start_time": 0.0,
+            "status": status.as_str()
+        }))
+        .unwrap();
+        FinishedRollout {
+            rollout_id: "ro-1".into(),
+            index: 0,
+            rollout,
+            attempt: Some(attempt),
+            spans,
+        }
+    }
+
+    fn reward_span(seq: i64, value: f64) -> agl_core::Span {
+        agl_core::Span::new(
+            "ro-1",
+            "at-1",
+            seq,
+            semconv::AGL_ANNOTATION,
+            semconv::reward_attributes(&[("primary", value)]),
+        )
+    }
+
+    #[test]
+    fn an_outside_agent_is_judged_by_its_last_reward_span_and_its_violations() {
+        let mut gateway = agl_core::Attributes::new();
+        gateway.insert(semconv::SOURCE_ATTR.into(), semconv::SOURCE_GATEWAY.into());
+        gateway.insert("agent_os.violation.policy".into(), "sql".into());
+        gateway.insert("agent_os.violation.severity".into(), "high".into());
+        let spans = vec![
+            reward_span(1, 0.2),
+            agl_core::Span::new("ro-1", "at-1", 2, semconv::AGL_ANNOTATION, gateway),
+            reward_span(3, 0.9),
+        ];
+        let j = Judged::from_spans(&finished(AttemptStatus::Succeeded, spans.clone()));
+        assert_eq!(j.reward, Some(0.9));
+        assert_eq!(j.violations, 1);
+        // A failed or timed-out attempt has no reward, whatever its spans say.
+        for status in [AttemptStatus::Failed, AttemptStatus::Timeout] {
+            let j = Judged::from_spans(&finished(status, spans.clone()));
+            assert_eq!(j.reward, None, "{status:?}");
+        }
+        // No reward span: none.
+        let j = Judged::from_spans(&finished(AttemptStatus::Succeeded, Vec::new()));
+        assert_eq!(
+            j,
+            Judged {
+                reward: None,
+                violations: 0
+            }
+        );
+        // A runner's governance annotation, when present, is the count.
+        let mut counted = agl_core::Attributes::new();
+        counted.insert(semconv::agent_os::VIOLATIONS.into(), AttributeValue::Int(3));
+        let spans = vec![agl_core::Span::new(
+            "ro-1",
+            "at-1",
+            1,
+            semconv::AGL_ANNOTATION,
+            counted,
+        )];
+        let j = Judged::from_spans(&finished(AttemptStatus::Succeeded, spans));
+        assert_eq!(j.violations, 3);
     }
 
     #[test]

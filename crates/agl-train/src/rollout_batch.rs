@@ -8,7 +8,9 @@
 //! resources id set), starts the [`RunnerPool`]'s workers (concurrently, so an engine behind
 //! the endpoint batches their calls), polls the store until every rollout is finished, and
 //! returns them in task order. [`InProcessRunners`] is the pool of [`GovernedRunner`] workers
-//! in this process; the store may be any backend.
+//! in this process; [`ExternalRunners`] starts nothing and waits for runners in other
+//! processes (`agl runner`, Agent Lightning's runner), warning when none makes progress. The
+//! store may be any backend.
 //!
 //! Responsible for the staging; not for the agent, its reward or the kernel (the pool's), the
 //! endpoint's server (the caller's), or what a rollout's outcome means (the caller reads the
@@ -19,11 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agl_core::{
-    Attempt, EnqueueRolloutRequest, LlmResource, NamedResources, Resource, Rollout, RolloutMode,
-    Span,
+    Attempt, EnqueueRolloutRequest, LlmResource, NamedResources, Resource, Rollout, RolloutConfig,
+    RolloutMode, RolloutStatus, Span,
 };
 use agl_gov::Kernel;
-use agl_store::LightningStore;
+use agl_store::{LightningStore, RolloutQuery};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
@@ -56,6 +58,8 @@ pub struct BatchPlan {
     pub mode: RolloutMode,
     /// Concurrent runner workers (at most one per rollout is started).
     pub workers: usize,
+    /// Each rollout's retry and time-limit settings (`None`: the store's defaults).
+    pub config: Option<RolloutConfig>,
 }
 
 impl BatchPlan {
@@ -106,6 +110,49 @@ pub trait RunnerPool: Send + Sync {
         count: usize,
         stop: &CancellationToken,
     ) -> Vec<JoinHandle<Result<IterReport, TrainError>>>;
+
+    /// Whether the rollouts are served by runners outside this pool (other processes), so a
+    /// batch waits for its rollouts rather than for workers ([`ExternalRunners`]).
+    fn external(&self) -> bool {
+        false
+    }
+
+    /// For an external pool: how long a batch may make no progress before it warns, and what
+    /// the warning suggests.
+    fn idle_warning(&self) -> Option<(Duration, &str)> {
+        None
+    }
+}
+
+/// Runners in other processes (`agl runner`, Agent Lightning's own runner, any program
+/// serving the store's queue): the pool starts nothing, and [`run_batch`] waits until every
+/// rollout is finished, warning (`tracing`, WARN) each time no rollout of the batch has been
+/// dequeued or finished for [`ExternalRunners::idle_warning`].
+#[derive(Debug, Clone)]
+pub struct ExternalRunners {
+    /// How long the batch may see no progress before it warns (again).
+    pub idle_warning: Duration,
+    /// What the warning tells the user to start (e.g. the store URL runners should use).
+    pub hint: String,
+}
+
+impl RunnerPool for ExternalRunners {
+    fn spawn(
+        &self,
+        _store: &Arc<dyn LightningStore>,
+        _count: usize,
+        _stop: &CancellationToken,
+    ) -> Vec<JoinHandle<Result<IterReport, TrainError>>> {
+        Vec::new()
+    }
+
+    fn external(&self) -> bool {
+        true
+    }
+
+    fn idle_warning(&self) -> Option<(Duration, &str)> {
+        Some((self.idle_warning, &self.hint))
+    }
 }
 
 /// [`GovernedRunner`] workers in this process, sharing one agent, kernel and reward. Worker
@@ -188,6 +235,7 @@ pub async fn run_batch<T: Serialize>(
             let mut r = EnqueueRolloutRequest::new(input);
             r.mode = Some(plan.mode);
             r.resources_id = Some(plan.resources_id.clone());
+            r.config = plan.config.clone();
             Ok(r)
         })
         .collect::<Result<Vec<_>, TrainError>>()?;
@@ -202,6 +250,8 @@ pub async fn run_batch<T: Serialize>(
     let stop = CancellationToken::new();
     let mut workers = pool.spawn(store, plan.workers.min(ids.len()), &stop);
     let mut seen: HashSet<String> = HashSet::new();
+    let external = pool.external();
+    let mut progress = Progress::new(pool.idle_warning());
     let mut failure = None;
     let failed = |e: Result<Result<IterReport, TrainError>, tokio::task::JoinError>| match e {
         Ok(Ok(_)) => None,
@@ -216,6 +266,13 @@ pub async fn run_batch<T: Serialize>(
             }
             let attempt = store.get_latest_attempt(&r.rollout_id).await?;
             on_done(&r, attempt.as_ref());
+        }
+        if external {
+            if seen.len() == ids.len() {
+                break;
+            }
+            progress.check(store.as_ref(), &ids, &seen).await?;
+            continue;
         }
         if let Some(i) = workers.iter().position(|w| w.is_finished()) {
             failure = failed(workers.swap_remove(i).await);
@@ -257,6 +314,70 @@ pub async fn run_batch<T: Serialize>(
     Ok((out, seconds))
 }
 
+/// How a batch served by external runners is progressing: the number of its rollouts still
+/// queuing, read every few seconds, and when it last changed.
+struct Progress {
+    warn_after: Option<(Duration, String)>,
+    last_change: Instant,
+    last_checked: Instant,
+    queuing: Option<usize>,
+    finished: usize,
+}
+
+impl Progress {
+    /// Seconds between two reads of the queue.
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn new(warn_after: Option<(Duration, &str)>) -> Self {
+        let now = Instant::now();
+        Self {
+            warn_after: warn_after.map(|(d, h)| (d, h.to_string())),
+            last_change: now,
+            last_checked: now,
+            queuing: None,
+            finished: 0,
+        }
+    }
+
+    async fn check(
+        &mut self,
+        store: &dyn LightningStore,
+        ids: &[String],
+        seen: &HashSet<String>,
+    ) -> Result<(), TrainError> {
+        let Some((after, hint)) = &self.warn_after else {
+            return Ok(());
+        };
+        if self.last_checked.elapsed() < Self::EVERY {
+            return Ok(());
+        }
+        self.last_checked = Instant::now();
+        let pending: Vec<String> = ids.iter().filter(|i| !seen.contains(*i)).cloned().collect();
+        let query = RolloutQuery {
+            status_in: Some(vec![RolloutStatus::Queuing]),
+            rollout_id_in: Some(pending),
+            ..RolloutQuery::default()
+        };
+        let queuing = store.query_rollouts(query).await?.items.len();
+        if self.queuing != Some(queuing) || self.finished != seen.len() {
+            self.queuing = Some(queuing);
+            self.finished = seen.len();
+            self.last_change = Instant::now();
+        } else if self.last_change.elapsed() >= *after {
+            tracing::warn!(
+                "no rollout of this batch was dequeued or finished for {:.0} s ({} of {} still \
+                 queuing, {} finished): is a runner serving this store? {hint}",
+                after.as_secs_f64(),
+                queuing,
+                ids.len(),
+                seen.len()
+            );
+            self.last_change = Instant::now();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +409,7 @@ mod tests {
             seed: None,
             mode: RolloutMode::Train,
             workers,
+            config: None,
         }
     }
 
@@ -333,6 +455,61 @@ mod tests {
             }
             other => panic!("expected a proxy_llm, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn an_external_pool_waits_for_runners_of_another_process() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let pool = ExternalRunners {
+            idle_warning: Duration::from_secs(60),
+            hint: "start one".into(),
+        };
+        assert!(pool.external());
+        // The "other process": in-process workers that start a second after the batch.
+        let late = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                let kernel = Arc::new(Kernel::new(agl_gov::GovernanceMode::Enforce));
+                let runners = InProcessRunners::new(kernel, Arc::new(Echo));
+                let stop = CancellationToken::new();
+                for w in runners.spawn(&store, 2, &stop) {
+                    w.await.unwrap().unwrap();
+                }
+            })
+        };
+        let started = Instant::now();
+        let tasks: Vec<u32> = (0..5).collect();
+        let (finished, _) = run_batch(&store, &pool, &plan(4), &tasks, |_, _| {})
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(1000));
+        assert_eq!(finished.len(), 5);
+        for (i, f) in finished.iter().enumerate() {
+            assert_eq!(f.rollout.input, json!(tasks[i]));
+            assert!(f.rollout.status.is_finished(), "{:?}", f.rollout.status);
+        }
+        late.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_plans_rollout_config_reaches_the_store() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let kernel = Arc::new(Kernel::new(agl_gov::GovernanceMode::Enforce));
+        let pool = InProcessRunners::new(kernel, Arc::new(Echo));
+        let config = RolloutConfig {
+            max_attempts: 3,
+            timeout_seconds: Some(30.0),
+            ..RolloutConfig::default()
+        };
+        let plan = BatchPlan {
+            config: Some(config.clone()),
+            ..plan(1)
+        };
+        let (finished, _) = run_batch(&store, &pool, &plan, &[1u32], |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(finished[0].rollout.config, config);
     }
 
     #[tokio::test]

@@ -486,6 +486,7 @@ fn run_llm(
             seed: Some(args.seed),
             mode: RolloutMode::Test,
             workers: args.workers,
+            config: None,
         };
         let bar = progress_bar("eval", questions.len() as u64, 5);
         let (mut correct, mut violating, mut done) = (0usize, 0usize, 0usize);

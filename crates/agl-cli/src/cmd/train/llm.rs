@@ -391,6 +391,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         seed: Some(shared.seed),
         mode: RolloutMode::Test,
         workers: shared.workers,
+        config: None,
     };
     let result = rt.block_on(async {
         let eval_stage = LlmStage::start(
@@ -515,6 +516,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     llm_resource: agl_train::DEFAULT_LLM_RESOURCE.into(),
                     checkpoint_dir: Some(dir.clone()),
                     checkpoint_every: shared.checkpoint_every,
+                    rollout_config: None,
                 },
                 store: &stage.store,
                 runners: &stage.runners,
