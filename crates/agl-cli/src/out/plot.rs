@@ -23,29 +23,50 @@ fn smooth(points: &[CurvePoint], f: Metric) -> Vec<(f64, f64)> {
     out
 }
 
-/// Renders the curves of `runs` (name, report) as an SVG document.
+/// Renders the curves of `runs` (name, report) as an SVG document: train reward, violation
+/// rate and accuracy.
 pub fn learning_curves(runs: &[(&str, &RunReport)]) -> anyhow::Result<String> {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (1200, 420)).into_drawing_area();
-        root.fill(&WHITE)
-            .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-        let panels = root.split_evenly((1, 3));
-        let metrics: [(&str, Metric); 3] = [
+    let curves: Vec<(&str, &[CurvePoint])> =
+        runs.iter().map(|(n, r)| (*n, r.curve.as_slice())).collect();
+    plot(
+        &curves,
+        &[
             ("train reward", |p| p.reward),
             ("train violation rate", |p| p.violation_rate),
             ("train accuracy", |p| p.accuracy),
-        ];
+        ],
+    )
+}
+
+/// Renders the train reward and violation rate of `runs` (name, curve) as an SVG document:
+/// the curves of a task without an accuracy of its own (`agl train --algorithm`).
+pub fn reward_curves(runs: &[(&str, &[CurvePoint])]) -> anyhow::Result<String> {
+    plot(
+        runs,
+        &[
+            ("train reward", |p| p.reward),
+            ("train violation rate", |p| p.violation_rate),
+        ],
+    )
+}
+
+/// One panel per metric, one line per run.
+fn plot(runs: &[(&str, &[CurvePoint])], metrics: &[(&str, Metric)]) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    {
+        let width = 400 * metrics.len().max(1) as u32;
+        let root = SVGBackend::with_string(&mut svg, (width, 420)).into_drawing_area();
+        root.fill(&WHITE)
+            .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        let panels = root.split_evenly((1, metrics.len().max(1)));
         let colors = [RED, BLUE, GREEN, MAGENTA];
         let x_max = runs
             .iter()
-            .flat_map(|(_, r)| r.curve.last().map(|p| p.rollouts as f64))
+            .flat_map(|(_, c)| c.last().map(|p| p.rollouts as f64))
             .fold(1.0, f64::max);
-        for (panel, (title, f)) in panels.iter().zip(metrics) {
-            let series: Vec<(&str, Vec<(f64, f64)>)> = runs
-                .iter()
-                .map(|(name, r)| (*name, smooth(&r.curve, f)))
-                .collect();
+        for (panel, &(title, f)) in panels.iter().zip(metrics) {
+            let series: Vec<(&str, Vec<(f64, f64)>)> =
+                runs.iter().map(|(name, c)| (*name, smooth(c, f))).collect();
             let (mut lo, mut hi) = series
                 .iter()
                 .flat_map(|(_, s)| s.iter().map(|p| p.1))

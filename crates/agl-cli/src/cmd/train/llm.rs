@@ -114,10 +114,11 @@ pub struct LlmTrainArgs {
     /// the dev split.
     #[arg(long, default_value_t = 100)]
     pub eval_limit: usize,
-    /// Agent roles whose calls are trained (--agent llm), comma-separated among write, check,
-    /// rewrite (Agent Lightning's agent_match).
-    #[arg(long, default_value = "write,rewrite")]
-    pub train_roles: String,
+    /// Agents whose LLM calls are trained, comma-separated (Agent Lightning's agent_match):
+    /// for --agent llm its roles among write, check, rewrite [default: write,rewrite]; for
+    /// --algorithm, the agent names of the spans enclosing the calls [default: every call].
+    #[arg(long, value_name = "NAMES")]
+    pub train_roles: Option<String>,
     /// Most answers per forward/backward pass (--agent llm); answers to one prompt share it.
     #[arg(long, default_value_t = 8)]
     pub micro_batch: usize,
@@ -190,7 +191,7 @@ fn curriculum_parser() -> impl clap::builder::TypedValueParser<Value = Curriculu
     })
 }
 
-fn parse_targets(s: &str) -> anyhow::Result<Vec<Target>> {
+pub(super) fn parse_targets(s: &str) -> anyhow::Result<Vec<Target>> {
     let mut out = Vec::new();
     for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         let t = Target::parse(name).with_context(|| {
@@ -205,6 +206,9 @@ fn parse_targets(s: &str) -> anyhow::Result<Vec<Target>> {
     }
     Ok(out)
 }
+
+/// `--train-roles`' default for `--agent llm`.
+const DEFAULT_ROLES: &str = "write,rewrite";
 
 fn parse_roles(s: &str) -> anyhow::Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
@@ -243,9 +247,19 @@ fn read_state(dir: &Path) -> anyhow::Result<TrainerState> {
     TrainerState::read(dir).map_err(|e| anyhow::anyhow!("--resume {}: {e}", dir.display()))
 }
 
-/// Runs `agl train --agent llm`.
-pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
-    let started = Instant::now();
+/// The LoRA and GRPO settings of a run, checked ([`checked`]).
+pub(super) struct LearnerSettings {
+    /// Wrapped modules.
+    pub targets: Vec<Target>,
+    /// LoRA alpha (`--lora-alpha`, else 2 × rank).
+    pub lora_alpha: f64,
+    /// The GRPO settings.
+    pub grpo: LlmGrpoConfig,
+}
+
+/// Checks the flags every LLM training path shares (one line naming the flag) and resolves
+/// the LoRA and GRPO settings; fails before anything is loaded.
+pub(super) fn checked(shared: &SharedArgs, args: &LlmTrainArgs) -> anyhow::Result<LearnerSettings> {
     anyhow::ensure!(args.steps > 0, "--steps must be at least 1");
     anyhow::ensure!(
         args.tasks_per_step > 0,
@@ -264,50 +278,130 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         args.temperature.is_finite() && args.temperature > 0.0 && args.temperature <= 2.0,
         "--temperature must be in (0, 2] for training (GRPO needs different samples per group)"
     );
+    anyhow::ensure!(
+        args.request_timeout.is_finite() && args.request_timeout > 0.0,
+        "--request-timeout must be a positive number of seconds"
+    );
     if shared.checkpoint_every == Some(0) {
         bail!("--checkpoint-every must be at least 1");
     }
     let targets = parse_targets(&args.lora_targets)?;
-    let roles = parse_roles(&args.train_roles)?;
     let lora_alpha = args.lora_alpha.unwrap_or(2.0 * args.lora_rank as f64);
     anyhow::ensure!(
         lora_alpha.is_finite() && lora_alpha > 0.0,
         "--lora-alpha must be positive"
     );
-    let grpo_config = LlmGrpoConfig {
+    let grpo = LlmGrpoConfig {
         learning_rate: shared.lr,
         kl_beta: shared.kl_beta,
         micro_batch: args.micro_batch,
         micro_batch_cells: args.micro_batch_cells,
         ..LlmGrpoConfig::default()
     };
-    grpo_config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    // Fail before loading anything when the model or the checkpoint is unusable.
+    grpo.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Fail before loading anything when the model is unusable.
     agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
         .with_context(|| format!("--model {}", args.model))?;
-    let resume = match &shared.resume {
-        Some(dir) => {
-            let state = read_state(dir)?;
-            if *state.model != *args.model {
-                bail!(
-                    "--resume {}: the checkpoint trained --model {}, not {}",
-                    dir.display(),
-                    state.model,
-                    args.model
-                );
-            }
-            if shared.compare || shared.modes != [state.governance] {
-                bail!(
-                    "--resume {}: the checkpoint was trained with --governance {} (without \
-                     --compare); resume it the same way",
-                    dir.display(),
-                    state.governance.as_str()
-                );
-            }
-            Some((dir.clone(), state))
-        }
-        None => None,
+    Ok(LearnerSettings {
+        targets,
+        lora_alpha,
+        grpo,
+    })
+}
+
+/// Reads `--resume DIR` and checks it against this run (the model, and one governance mode
+/// without `--compare`).
+pub(super) fn resume_state(
+    shared: &SharedArgs,
+    args: &LlmTrainArgs,
+) -> anyhow::Result<Option<(PathBuf, TrainerState)>> {
+    let Some(dir) = &shared.resume else {
+        return Ok(None);
     };
+    let state = read_state(dir)?;
+    if *state.model != *args.model {
+        bail!(
+            "--resume {}: the checkpoint trained --model {}, not {}",
+            dir.display(),
+            state.model,
+            args.model
+        );
+    }
+    if shared.compare || shared.modes != [state.governance] {
+        bail!(
+            "--resume {}: the checkpoint was trained with --governance {} (without \
+             --compare); resume it the same way",
+            dir.display(),
+            state.governance.as_str()
+        );
+    }
+    Ok(Some((dir.clone(), state)))
+}
+
+/// The learner of one run: a fresh LoRA adapter seeded with `--seed`, or the `--resume`
+/// checkpoint's, and the trainer state its checkpoints carry.
+pub(super) fn learner(
+    engine: &agl_llm::Engine,
+    shared: &SharedArgs,
+    args: &LlmTrainArgs,
+    settings: &LearnerSettings,
+    mode: TrainingMode,
+    resume: Option<&(PathBuf, TrainerState)>,
+) -> anyhow::Result<(LlmGrpo, TrainerState)> {
+    let (adapter, vars, start_step) = match resume {
+        Some((rdir, state)) => {
+            let a = LoraAdapter::load(rdir, engine.model().config(), engine.model().device())?;
+            let (a, v) = a.into_trainable()?;
+            (a, v, state.step)
+        }
+        None => {
+            let cfg = LoraConfig {
+                r: args.lora_rank,
+                alpha: settings.lora_alpha,
+                target_modules: settings.targets.clone(),
+                use_rslora: false,
+                base_model: Some(args.model.to_string()),
+            };
+            let (a, v) = LoraAdapter::new_trainable(
+                cfg,
+                engine.model().config(),
+                engine.model().device(),
+                shared.seed,
+            )?;
+            (a, v, 0)
+        }
+    };
+    let grpo = LlmGrpo::new(engine.model().clone(), adapter, vars, settings.grpo.clone())?;
+    let state = TrainerState {
+        step: start_step,
+        seed: shared.seed,
+        governance: mode,
+        model: args.model.to_string(),
+        lora_rank: args.lora_rank,
+        lora_alpha: settings.lora_alpha,
+        lora_targets: settings
+            .targets
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect(),
+        grpo: settings.grpo.clone(),
+        tasks_per_step: args.tasks_per_step,
+        group_size: shared.group_size,
+    };
+    Ok((grpo, state))
+}
+
+/// Runs `agl train --agent llm`.
+pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let settings = checked(&shared, &args)?;
+    let roles = parse_roles(args.train_roles.as_deref().unwrap_or(DEFAULT_ROLES))?;
+    let (targets, lora_alpha, grpo_config) = (
+        settings.targets.clone(),
+        settings.lora_alpha,
+        settings.grpo.clone(),
+    );
+    let resume = resume_state(&shared, &args)?;
     let policy = PolicyFile::resolve(&shared.policy)
         .with_context(|| format!("--policy {}", shared.policy))?;
     if !shared.data.is_dir() {
@@ -459,44 +553,9 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             } else {
                 checkpoint_root.clone()
             };
-            let (adapter, vars, start_step) = match &resume {
-                Some((rdir, state)) => {
-                    let a =
-                        LoraAdapter::load(rdir, engine.model().config(), engine.model().device())?;
-                    let (a, v) = a.into_trainable()?;
-                    (a, v, state.step)
-                }
-                None => {
-                    let cfg = LoraConfig {
-                        r: args.lora_rank,
-                        alpha: lora_alpha,
-                        target_modules: targets.clone(),
-                        use_rslora: false,
-                        base_model: Some(args.model.to_string()),
-                    };
-                    let (a, v) = LoraAdapter::new_trainable(
-                        cfg,
-                        engine.model().config(),
-                        engine.model().device(),
-                        shared.seed,
-                    )?;
-                    (a, v, 0)
-                }
-            };
-            let mut grpo =
-                LlmGrpo::new(engine.model().clone(), adapter, vars, grpo_config.clone())?;
-            let state = TrainerState {
-                step: start_step,
-                seed: shared.seed,
-                governance: mode,
-                model: args.model.to_string(),
-                lora_rank: args.lora_rank,
-                lora_alpha,
-                lora_targets: targets.iter().map(|t| t.name().to_string()).collect(),
-                grpo: grpo_config.clone(),
-                tasks_per_step: args.tasks_per_step,
-                group_size: shared.group_size,
-            };
+            let (mut grpo, state) =
+                learner(&engine, &shared, &args, &settings, mode, resume.as_ref())?;
+            let start_step = state.step;
             let serving = EngineServing {
                 engine: engine.clone(),
                 base: base_name.clone(),

@@ -19,6 +19,7 @@
 //! This file is the scorer's path and the command's flags; `--agent llm` runs [`llm`] (the same
 //! command, its own loop). Not for the training algorithms (`agl-train`, `agl-spider`).
 
+pub mod any;
 pub mod llm;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,46 @@ pub struct TrainArgs {
     /// LLM agent: LoRA GRPO through the gateway; see the --agent llm flags).
     #[arg(long, value_enum, default_value = "scorer")]
     agent: TrainAgent,
+    /// Train the agent you bring, in any language, on --train-dataset (Agent Lightning's
+    /// `Trainer.fit`): its rollouts run through the store and its model calls through this
+    /// process's gateway; `grpo` trains a LoRA adapter of --model. Takes the --agent llm flags.
+    #[arg(long, value_enum, requires = "train_dataset")]
+    algorithm: Option<any::Algorithm>,
+    /// Train tasks (--algorithm): JSON Lines (one task per line) or a JSON array; each task is
+    /// any JSON, given to the agent as its rollout's input.
+    #[arg(long, value_name = "FILE", requires = "algorithm")]
+    train_dataset: Option<PathBuf>,
+    /// Validation tasks (--algorithm), same format: the first --eval-limit are run greedily
+    /// before and after training (mean final reward with a 95% interval).
+    #[arg(long, value_name = "FILE", requires = "algorithm")]
+    val_dataset: Option<PathBuf>,
+    /// Who runs the rollouts (--algorithm): `none` (runners of other processes: Agent
+    /// Lightning's runner or `agl runner --exec` against this store) or `exec:COMMAND`
+    /// (--workers workers here, each running `sh -c COMMAND` per rollout: the task on stdin,
+    /// the gateway in OPENAI_BASE_URL, the reward as the last stdout line `{"reward": x}`).
+    #[arg(long, default_value = "none", value_parser = any::parse_runner, value_name = "none|exec:COMMAND")]
+    runner: any::RunnerSpec,
+    /// Time limit of one rollout in seconds (--algorithm); an attempt over it is `timeout`.
+    #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
+    rollout_timeout: f64,
+    /// Attempts per rollout (--algorithm): a `failed`, `timeout` or `unresponsive` attempt is
+    /// retried until this many were made.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    max_attempts: u32,
+    /// The address agents reach this process's gateway at (--algorithm), published as the
+    /// `proxy_llm` endpoint [default: the address it listens on].
+    #[arg(long, value_name = "URL")]
+    advertise_url: Option<String>,
+    /// Interface the store and gateway (--algorithm) listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port the store and gateway (--algorithm) listen on (0: a free port; the address is
+    /// printed).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Name of the LLM resource published to the agents (--algorithm).
+    #[arg(long, default_value = agl_train::DEFAULT_LLM_RESOURCE, value_name = "NAME")]
+    llm_resource: String,
     #[command(flatten)]
     llm: llm::LlmTrainArgs,
     /// Spider data directory [default: the vendored data/spider of this repository].
@@ -160,7 +201,7 @@ pub struct TrainArgs {
 impl TrainArgs {
     /// Whether this run trains the LLM agent (and so runs the model in this process).
     pub fn trains_llm(&self) -> bool {
-        self.agent == TrainAgent::Llm
+        self.agent == TrainAgent::Llm || self.algorithm.is_some()
     }
 
     /// The modes to train, in order: `--compare`'s list, else `--governance`.
@@ -332,7 +373,7 @@ pub enum TrainAgent {
 
 /// Runs `agl train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
-    if args.agent == TrainAgent::Llm {
+    if args.trains_llm() {
         let shared = llm::SharedArgs {
             data: crate::args::data::data_dir(args.data.clone()),
             seed: args.seed,
@@ -355,6 +396,39 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         };
         if !(shared.sql_timeout > 0.0 && shared.sql_timeout.is_finite()) {
             anyhow::bail!("--sql-timeout must be a positive number of seconds");
+        }
+        if let Some(algorithm) = args.algorithm {
+            if args.agent != TrainAgent::Scorer {
+                anyhow::bail!(
+                    "--algorithm trains the agent you bring; --agent llm is the built-in one \
+                     (pass only one)"
+                );
+            }
+            if args.runner_processes > 0 || args.audit_log.is_some() {
+                anyhow::bail!(
+                    "--runner-processes and --audit-log apply to --agent scorer; with \
+                     --algorithm, start runners with `agl runner --store-url URL --exec CMD`"
+                );
+            }
+            let Some(train_dataset) = args.train_dataset.clone() else {
+                anyhow::bail!("--algorithm needs --train-dataset FILE");
+            };
+            let any = any::AnyArgs {
+                algorithm,
+                train_dataset,
+                val_dataset: args.val_dataset.clone(),
+                runner: args.runner.clone(),
+                rollout_timeout: args.rollout_timeout,
+                max_attempts: args.max_attempts,
+                advertise_url: args.advertise_url.clone(),
+                host: args.host.clone(),
+                port: args.port,
+                llm_resource: args.llm_resource.clone(),
+                store: args.store.clone(),
+                store_url: args.store_url.clone(),
+                auth_token: args.token.auth_token.clone(),
+            };
+            return any::run(shared, args.llm, any);
         }
         if args.store_url.is_some() || args.runner_processes > 0 || args.audit_log.is_some() {
             anyhow::bail!(
