@@ -450,6 +450,11 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         let rollout_config = RolloutConfig {
             timeout_seconds: Some(any.rollout_timeout),
             max_attempts: any.max_attempts,
+            retry_condition: vec![
+                agl_core::AttemptStatus::Failed,
+                agl_core::AttemptStatus::Timeout,
+                agl_core::AttemptStatus::Unresponsive,
+            ],
             ..RolloutConfig::default()
         };
         let serving = EngineServing {
@@ -785,7 +790,19 @@ impl LoopObserver for AnyPrinter {
             point.rollout_seconds,
             point.update_seconds
         );
-        self.bar.suspend(|| eprintln!("{line}"));
+        self.bar.suspend(|| {
+            eprintln!("{line}");
+            if point.rewarded == 0 {
+                eprintln!(
+                    "warning: no rollout of step {} reported a reward ({} failed or timed out): \
+                     nothing was learned; see the runners' output and the attempts' metadata \
+                     (`agl store inspect`, the dashboard)",
+                    point.step,
+                    outcome.finished.len()
+                        - outcome.finished.iter().filter(|f| succeeded(f)).count()
+                );
+            }
+        });
         self.curve.push(point);
         Ok(())
     }

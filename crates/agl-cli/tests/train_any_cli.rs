@@ -1,0 +1,112 @@
+//! `agl train --algorithm grpo --train-dataset FILE` (the agent you bring) through the real
+//! binary: bad flags and bad datasets are one-line errors naming what was wrong, before any model
+//! is loaded or anything is written.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{agl, assert_one_line_error};
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(&tasks, "{\"q\": 1}\n{\"q\": 2}\n").unwrap();
+    let tasks = tasks.to_str().unwrap();
+
+    // clap: the dataset and the algorithm go together; the runner is `none` or `exec:CMD`.
+    let o = agl(&["train", "--algorithm", "grpo"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("--train-dataset"));
+    let o = agl(&["train", "--train-dataset", tasks]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("--algorithm"));
+    let base = ["train", "--algorithm", "grpo", "--train-dataset", tasks];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        agl(&a)
+    };
+    let o = with(&["--runner", "python agent.py"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = common::stderr(&o);
+    assert!(
+        err.contains("not a runner") && err.contains("exec:COMMAND"),
+        "{err}"
+    );
+    let o = with(&["--runner", "exec:"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("needs a command"));
+
+    let o = with(&["--agent", "llm"]);
+    assert_one_line_error(&o, 1, "pass only one");
+    let o = with(&["--runner-processes", "2"]);
+    assert_one_line_error(&o, 1, "agl runner --store-url URL --exec CMD");
+    let o = with(&["--group-size", "1"]);
+    assert_one_line_error(&o, 1, "--group-size must be at least 2");
+    let o = with(&["--rollout-timeout", "0"]);
+    assert_one_line_error(&o, 1, "--rollout-timeout");
+    let o = with(&["--max-attempts", "0"]);
+    assert_one_line_error(&o, 1, "--max-attempts must be at least 1");
+    let o = with(&["--advertise-url", "gateway:8080"]);
+    assert_one_line_error(&o, 1, "--advertise-url gateway:8080");
+    let o = with(&["--compare"]);
+    assert_one_line_error(&o, 1, "--compare");
+    let o = with(&["--train-roles", " , "]);
+    assert_one_line_error(&o, 1, "--train-roles");
+    let db = dir.path().join("store.sqlite");
+    let o = with(&[
+        "--store",
+        db.to_str().unwrap(),
+        "--store-url",
+        "http://127.0.0.1:9",
+    ]);
+    assert_one_line_error(&o, 1, "pass only one");
+    let o = with(&["--model", "no-such-model"]);
+    assert_one_line_error(&o, 1, "--model no-such-model");
+}
+
+#[test]
+fn bad_datasets_name_the_file_and_line() {
+    if !agl(&["model", "pull", "smollm2-135m-instruct"])
+        .status
+        .success()
+    {
+        eprintln!("SKIP: the built-in model is unobtainable here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"q\": 1}\n\n{\"q\": 2\n").unwrap();
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(&good, "{\"q\": 1}\n").unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let run = |train: &std::path::Path, val: Option<&std::path::Path>| {
+        let mut a = vec![
+            "train".to_string(),
+            "--algorithm".into(),
+            "grpo".into(),
+            "--train-dataset".into(),
+            train.display().to_string(),
+            "--checkpoint-dir".into(),
+            ckpt.display().to_string(),
+        ];
+        if let Some(v) = val {
+            a.push("--val-dataset".into());
+            a.push(v.display().to_string());
+        }
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        agl(&a)
+    };
+    let o = run(&bad, None);
+    assert_one_line_error(&o, 1, "bad.jsonl:3: not JSON");
+    assert!(common::stderr(&o).contains("--train-dataset"));
+    let o = run(&good, Some(&dir.path().join("missing.json")));
+    assert_one_line_error(&o, 1, "missing.json");
+    let arr = dir.path().join("obj.json");
+    std::fs::write(&arr, "{\"q\": 1}").unwrap();
+    let o = run(&good, Some(&arr));
+    assert_one_line_error(&o, 1, "expected a JSON array of tasks");
+    // Nothing was written.
+    assert!(!ckpt.exists());
+}
