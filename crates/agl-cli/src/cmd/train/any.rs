@@ -29,7 +29,8 @@
 //!   reward on its last stdout line; `agl_train::exec_runner`).
 //!
 //! # The loop
-//! [`agl_train::LlmLoop`] over the train tasks (shuffled once with `--seed`, `--limit` first):
+//! [`agl_train::LlmLoop`] over the train tasks (`--limit` first, then shuffled once with
+//! `--seed` unless `--keep-order`):
 //! per step `--tasks-per-step` tasks, each enqueued `--group-size` times as `train` rollouts;
 //! each rollout is judged by what its attempt recorded ([`agl_train::Judged::from_spans`]: the
 //! final reward span, `None` when the attempt failed or timed out or reported no reward — left
@@ -126,6 +127,8 @@ pub struct AnyArgs {
     pub port: u16,
     /// The LLM resource's name.
     pub llm_resource: String,
+    /// Train tasks in file order (no shuffle).
+    pub keep_order: bool,
     /// `--store`.
     pub store: String,
     /// `--store-url`.
@@ -273,6 +276,7 @@ struct AnyReportConfig<'a> {
     grpo: &'a agl_train::LlmGrpoConfig,
     train_roles: Option<Vec<String>>,
     llm_resource: &'a str,
+    keep_order: bool,
     workers: usize,
     rollout_timeout_seconds: f64,
     max_attempts: u32,
@@ -347,7 +351,9 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
     if let Some(n) = shared.limit {
         train.truncate(n);
     }
-    train.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shared.seed));
+    if !any.keep_order {
+        train.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shared.seed));
+    }
     let val = match &any.val_dataset {
         Some(p) => {
             let mut v =
@@ -612,6 +618,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
                 grpo: &settings.grpo,
                 train_roles: roles.map(|(names, _)| names),
                 llm_resource: &any.llm_resource,
+                keep_order: any.keep_order,
                 workers: shared.workers,
                 rollout_timeout_seconds: any.rollout_timeout,
                 max_attempts: any.max_attempts,

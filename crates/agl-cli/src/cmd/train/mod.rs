@@ -87,6 +87,10 @@ pub struct TrainArgs {
     /// printed).
     #[arg(long, default_value_t = 0)]
     port: u16,
+    /// Take the train tasks in file order (--algorithm) instead of shuffling them once with
+    /// --seed.
+    #[arg(long)]
+    keep_order: bool,
     /// Name of the LLM resource published to the agents (--algorithm).
     #[arg(long, default_value = agl_train::DEFAULT_LLM_RESOURCE, value_name = "NAME")]
     llm_resource: String,
@@ -424,6 +428,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 host: args.host.clone(),
                 port: args.port,
                 llm_resource: args.llm_resource.clone(),
+                keep_order: args.keep_order,
                 store: args.store.clone(),
                 store_url: args.store_url.clone(),
                 auth_token: args.token.auth_token.clone(),
