@@ -281,10 +281,24 @@ pub async fn run_batch<T: Serialize>(
                 break;
             }
         }
-        // A worker returns once the queue is empty, after reporting its last rollout: when
-        // none is left, every rollout is finished.
-        if workers.is_empty() || seen.len() == ids.len() {
+        if seen.len() == ids.len() {
             break;
+        }
+        // A worker returns once the queue is empty, after reporting its last rollout. A
+        // rollout the store requeued afterwards (a retry of a failed or timed-out attempt)
+        // gets workers again; otherwise every rollout is finished.
+        if workers.is_empty() {
+            let pending: Vec<String> = ids.iter().filter(|i| !seen.contains(*i)).cloned().collect();
+            let query = RolloutQuery {
+                status_in: Some(vec![RolloutStatus::Queuing, RolloutStatus::Requeuing]),
+                rollout_id_in: Some(pending),
+                ..RolloutQuery::default()
+            };
+            let waiting = store.query_rollouts(query).await?.items.len();
+            if waiting == 0 {
+                break;
+            }
+            workers = pool.spawn(store, plan.workers.min(waiting), &stop);
         }
     }
     for w in workers {
@@ -354,7 +368,7 @@ impl Progress {
         self.last_checked = Instant::now();
         let pending: Vec<String> = ids.iter().filter(|i| !seen.contains(*i)).cloned().collect();
         let query = RolloutQuery {
-            status_in: Some(vec![RolloutStatus::Queuing]),
+            status_in: Some(vec![RolloutStatus::Queuing, RolloutStatus::Requeuing]),
             rollout_id_in: Some(pending),
             ..RolloutQuery::default()
         };
@@ -490,6 +504,70 @@ mod tests {
             assert!(f.rollout.status.is_finished(), "{:?}", f.rollout.status);
         }
         late.await.unwrap();
+    }
+
+    /// Workers that serve one rollout each and return, failing every first attempt and
+    /// finishing every later one.
+    struct FlakyPool;
+
+    impl RunnerPool for FlakyPool {
+        fn spawn(
+            &self,
+            store: &Arc<dyn LightningStore>,
+            count: usize,
+            _stop: &CancellationToken,
+        ) -> Vec<JoinHandle<Result<IterReport, TrainError>>> {
+            (0..count)
+                .map(|i| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        let mut report = IterReport::default();
+                        let worker = format!("flaky-{i}");
+                        if let Some(a) = store.dequeue_rollout(Some(&worker)).await? {
+                            let status = if a.attempt.sequence_id == 1 {
+                                agl_core::AttemptStatus::Failed
+                            } else {
+                                agl_core::AttemptStatus::Succeeded
+                            };
+                            let update = agl_store::AttemptUpdate {
+                                status: Some(status),
+                                ..Default::default()
+                            };
+                            store
+                                .update_attempt(
+                                    &a.rollout.rollout_id,
+                                    &a.attempt.attempt_id,
+                                    update,
+                                )
+                                .await?;
+                            report.rollouts += 1;
+                        }
+                        Ok(report)
+                    })
+                })
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_retried_rollout_gets_workers_again() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let plan = BatchPlan {
+            config: Some(RolloutConfig {
+                max_attempts: 2,
+                retry_condition: vec![agl_core::AttemptStatus::Failed],
+                ..RolloutConfig::default()
+            }),
+            ..plan(2)
+        };
+        let (finished, _) = run_batch(&store, &FlakyPool, &plan, &[1u32, 2, 3], |_, _| {})
+            .await
+            .unwrap();
+        for f in &finished {
+            let a = f.attempt.as_ref().unwrap();
+            assert_eq!(a.sequence_id, 2, "{:?}", f.rollout.status);
+            assert_eq!(a.status, agl_core::AttemptStatus::Succeeded);
+        }
     }
 
     #[tokio::test]
