@@ -53,6 +53,10 @@
 //! [`PolicyServing`] (the serving side, implemented where the engine and gateway are wired),
 //! checkpoints ([`save_checkpoint`], [`TrainerState`]) and progress ([`LoopObserver`]).
 //!
+//! [`ExecRunners`] (Unix) is a [`RunnerPool`] that runs a shell command per rollout, so an
+//! agent in any language is served with no code change: the task on stdin, the LLM endpoint in
+//! `OPENAI_BASE_URL`, the reward as the last stdout line `{"reward": r}` ([`exec_runner`]).
+//!
 //! [`TracerTraceToTriplet`] is Agent Lightning's span→triplet adapter over LLM-call spans (one
 //! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
 //! and reports them in a [`TripletReport`].
@@ -66,6 +70,8 @@ pub mod dataset;
 pub mod emitter;
 pub mod environment;
 pub mod error;
+#[cfg(unix)]
+pub mod exec_runner;
 pub mod grpo;
 pub mod instrument;
 pub mod llm_grpo;
@@ -88,6 +94,11 @@ pub use environment::{
     TaskRewardFn, ViolationRecord, create_governed_env,
 };
 pub use error::TrainError;
+#[cfg(unix)]
+pub use exec_runner::{
+    DEFAULT_EXEC_TIMEOUT_SECONDS, ExecConfig, ExecReport, ExecRunners, STDERR_TAIL_BYTES,
+    STDOUT_KEEP_BYTES, WhenIdle, parse_reward_line, run_exec_worker,
+};
 pub use grpo::{clip_grad_norm, group_advantages};
 pub use instrument::{AGENT_NAME_ATTR, Operation};
 pub use llm_grpo::{
