@@ -110,3 +110,125 @@ fn bad_datasets_name_the_file_and_line() {
     // Nothing was written.
     assert!(!ckpt.exists());
 }
+
+/// One GRPO step of a shell agent run by `--runner exec:` with the real model: the agent's
+/// rewards train the adapter, a failing and a silent task are counted and left out, and the
+/// adapter it leaves is served by `agl llm serve --adapter`.
+#[test]
+fn a_shell_agent_is_trained_for_one_step_and_its_adapter_served() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    if !agl(&["model", "pull", "smollm2-135m-instruct"])
+        .status
+        .success()
+        || std::process::Command::new("curl")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("SKIP: the built-in model or curl is unavailable here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agent.sh");
+    // The task says how to behave; the reward is whether the answer mentions a digit.
+    std::fs::write(
+        &agent,
+        r#"#!/bin/sh
+task=$(cat)
+case "$task" in *'"fail"'*) echo "failing on purpose" >&2; exit 3;; esac
+body='{"model":"'"$OPENAI_MODEL"'","messages":[{"role":"user","content":"Count to three."}],"max_tokens":8,"temperature":0.9}'
+out=$(curl -sS --fail -H 'Content-Type: application/json' -d "$body" "$OPENAI_BASE_URL/chat/completions") || exit 1
+case "$task" in *'"silent"'*) echo "no reward"; exit 0;; esac
+case "$out" in *'"content":"'*[0-9]*) echo '{"reward": 1}';; *) echo '{"reward": 0}';; esac
+"#,
+    )
+    .unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &tasks,
+        "{\"n\": 1}\n{\"n\": 2, \"fail\": true}\n{\"n\": 3, \"silent\": true}\n",
+    )
+    .unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let report = dir.path().join("report.json");
+    let runner = format!("exec:sh {}", agent.display());
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "grpo",
+        "--train-dataset",
+        tasks.to_str().unwrap(),
+        "--keep-order",
+        "--runner",
+        &runner,
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "3",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "8",
+        "--workers",
+        "3",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let r = common::json_file(&report);
+    let step = &r["curve"][0];
+    // 3 tasks × G = 2: the first task's two rollouts are rewarded; the failing and the silent
+    // tasks' four are left out.
+    assert_eq!(step["rewarded"], 2, "{step}");
+    assert_eq!(step["unrewarded"], 4, "{step}");
+    assert_eq!(
+        r["config"]["runner"],
+        format!("exec:sh {}", agent.display())
+    );
+    let fin = ckpt.join("final");
+    for f in [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(fin.join(f).is_file(), "{f}");
+    }
+    // The adapter is served.
+    let mut serve = common::agl_command()
+        .args([
+            "llm",
+            "serve",
+            "--port",
+            "0",
+            "--adapter",
+            &format!("trained={}", fin.display()),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = serve.stdout.take().unwrap();
+    let serve = common::Reaper(serve);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let body = r#"{"model":"trained","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}"#;
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"model\":\"trained\""), "{answer}");
+    drop(serve);
+}

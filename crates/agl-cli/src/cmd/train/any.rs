@@ -645,10 +645,26 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
-/// The exec pool of `--runner exec:COMMAND`.
+/// The exec pool of `--runner exec:COMMAND`: `--workers` workers here, each running the command
+/// once per rollout with the rollout's `--llm-resource` (`agl_train::exec_runner`).
+#[cfg(unix)]
 fn exec_pool(command: &str, any: &AnyArgs, store_url: &str) -> anyhow::Result<Box<dyn RunnerPool>> {
-    let _ = (command, any, store_url);
-    bail!("--runner exec: is not available yet")
+    let config = agl_train::ExecConfig {
+        command: command.to_string(),
+        timeout: Duration::from_secs_f64(any.rollout_timeout),
+        llm_resource: Some(any.llm_resource.clone()),
+        store_url: Some(store_url.to_string()),
+        env: Vec::new(),
+    };
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--runner exec: {e}"))?;
+    Ok(Box::new(agl_train::ExecRunners::new(config)))
+}
+
+#[cfg(not(unix))]
+fn exec_pool(_: &str, _: &AnyArgs, _: &str) -> anyhow::Result<Box<dyn RunnerPool>> {
+    bail!("--runner exec: runs commands in process groups, which this platform does not have")
 }
 
 /// What this process serves: the store with the gateway, or the gateway alone.
