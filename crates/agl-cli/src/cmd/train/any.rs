@@ -69,7 +69,9 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
-use super::llm::{LlmTrainArgs, SharedArgs, checked, learner, resume_state};
+use super::llm::{
+    LlmTrainArgs, SharedArgs, checked, learner, loop_config, resume_state, rollouts_to_run,
+};
 use crate::llm_stage::EngineServing;
 use crate::out::progress::progress_bar;
 
@@ -529,19 +531,11 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         }
         let training = LlmLoop {
             config: LlmLoopConfig {
-                steps: args.steps,
-                start_step,
-                tasks_per_step: args.tasks_per_step,
-                group_size: shared.group_size,
-                temperature: args.temperature,
-                max_tokens: args.max_tokens,
-                workers: shared.workers,
-                mode,
                 resources_prefix: run_id.clone(),
                 llm_resource: any.llm_resource.clone(),
                 checkpoint_dir: Some(checkpoint_root.clone()),
-                checkpoint_every: shared.checkpoint_every,
                 rollout_config: Some(rollout_config.clone()),
+                ..loop_config(&shared, &args, mode, start_step)
             },
             store: &store,
             runners: pool.as_ref(),
@@ -550,11 +544,12 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             tasks: &train,
             judge: &Judged::from_spans,
         };
-        let total = (args.steps.saturating_sub(start_step)
-            * args.tasks_per_step
-            * shared.group_size) as u64;
         let mut printer = AnyPrinter {
-            bar: progress_bar(mode.as_str(), total, 5),
+            bar: progress_bar(
+                mode.as_str(),
+                rollouts_to_run(&shared, &args, start_step),
+                5,
+            ),
             steps: args.steps,
             rollouts: 0,
             curve: Vec::new(),

@@ -391,6 +391,37 @@ pub(super) fn learner(
     Ok((grpo, state))
 }
 
+/// The loop's settings of a run of `mode` from `start_step`: the flags' values, resources ids
+/// `agl-train-llm-<mode>-vN` of the default LLM resource, no checkpoint directory and the store's
+/// rollout settings (callers override what differs).
+pub(super) fn loop_config(
+    shared: &SharedArgs,
+    args: &LlmTrainArgs,
+    mode: TrainingMode,
+    start_step: usize,
+) -> LlmLoopConfig {
+    LlmLoopConfig {
+        steps: args.steps,
+        start_step,
+        tasks_per_step: args.tasks_per_step,
+        group_size: shared.group_size,
+        temperature: args.temperature,
+        max_tokens: args.max_tokens,
+        workers: shared.workers,
+        mode,
+        resources_prefix: format!("agl-train-llm-{}", mode.as_str()),
+        llm_resource: agl_train::DEFAULT_LLM_RESOURCE.into(),
+        checkpoint_dir: None,
+        checkpoint_every: shared.checkpoint_every,
+        rollout_config: None,
+    }
+}
+
+/// Rollouts the steps from `start_step` run (for the progress bar).
+pub(super) fn rollouts_to_run(shared: &SharedArgs, args: &LlmTrainArgs, start_step: usize) -> u64 {
+    (args.steps.saturating_sub(start_step) * args.tasks_per_step * shared.group_size) as u64
+}
+
 /// Runs `agl train --agent llm`.
 pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
@@ -563,19 +594,8 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             };
             let training = LlmLoop {
                 config: LlmLoopConfig {
-                    steps: args.steps,
-                    start_step,
-                    tasks_per_step: args.tasks_per_step,
-                    group_size: shared.group_size,
-                    temperature: args.temperature,
-                    max_tokens: args.max_tokens,
-                    workers: shared.workers,
-                    mode,
-                    resources_prefix: format!("agl-train-llm-{}", mode.as_str()),
-                    llm_resource: agl_train::DEFAULT_LLM_RESOURCE.into(),
                     checkpoint_dir: Some(dir.clone()),
-                    checkpoint_every: shared.checkpoint_every,
-                    rollout_config: None,
+                    ..loop_config(&shared, &args, mode, start_step)
                 },
                 store: &stage.store,
                 runners: &stage.runners,
@@ -584,11 +604,12 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 tasks: &train,
                 judge: &agl_spider::llm_train::judge,
             };
-            let total = (args.steps.saturating_sub(start_step)
-                * args.tasks_per_step
-                * shared.group_size) as u64;
             let mut progress = StepPrinter {
-                bar: progress_bar(mode.as_str(), total, 5),
+                bar: progress_bar(
+                    mode.as_str(),
+                    rollouts_to_run(&shared, &args, start_step),
+                    5,
+                ),
                 mode,
                 steps: args.steps,
                 curve: Vec::new(),
