@@ -25,11 +25,12 @@
 #       the runner is then stopped with SIGINT (a runner-only process never stops by itself);
 #   (d) `agl llm serve --model MODEL --adapter policy=$WORK/ckpt/final --port 0` answers one
 #       chat completion for the model `policy` (the adapter's name);
-#   (e) `agl train --algorithm grpo … --runner exec:'examples/exec/sql_agent.sh' --steps 1` with
-#       its own in-process store: exit 0 and ckpt-exec/final/ exists;
 #   (f) `agl store --llm MODEL --port 0` and examples/python/langchain_agent.py --check: a
 #       LangChain tool-calling agent under `@rollout` whose calls become trainable triplets
-#       (`agl triplets --for-training`).
+#       (`agl triplets --for-training`);
+#   (e) `agl train --algorithm grpo … --runner exec:'examples/exec/sql_agent.sh' --steps 1` with
+#       its own in-process store: exit 0 and ckpt-exec/final/ exists (last: it needs the exec
+#       runner of `agl train`).
 #
 # Exit status: 0 when every step passed, 1 otherwise. Needs network access to PyPI only when the
 # venv has to be (re)built or the model has not been pulled yet.
@@ -156,6 +157,14 @@ echo "$SCRIPT: (d) the adapter answered: $(jq -c '{model, content: .choices[0].m
 [ "$(jq -r .model <<<"$answer")" = "policy" ] || fail "the answer is not from the adapter: $answer"
 kill -TERM "$SERVER_PID" 2>/dev/null || true
 
+# (f) A LangChain tool-calling agent: its calls through the gateway are trainable triplets.
+start_server llmstore "$AGL" store --llm "$MODEL" --port 0
+head -n 2 "$WORK/train.jsonl" >"$WORK/lc.jsonl"
+run "$PY" "$EXAMPLES/langchain_agent.py" --check --store-url "$URL" --tasks "$WORK/lc.jsonl" --agl "$AGL" \
+    --model "$MODEL" --max-tokens 48 || fail "langchain_agent.py --check"
+kill -TERM "$SERVER_PID" 2>/dev/null || true
+
+
 # (e) The shell agent under agl's exec runner, in-process store.
 T_EXEC=$SECONDS
 status=0
@@ -171,11 +180,5 @@ fi
 cat "$WORK/exec.out"
 [ -d "$WORK/ckpt-exec/final" ] || fail "no $WORK/ckpt-exec/final"
 echo "$SCRIPT: (e) passed in $((SECONDS - T_EXEC)) s" >&2
-
-# (f) A LangChain tool-calling agent: its calls through the gateway are trainable triplets.
-start_server llmstore "$AGL" store --llm "$MODEL" --port 0
-head -n 2 "$WORK/train.jsonl" >"$WORK/lc.jsonl"
-run "$PY" "$EXAMPLES/langchain_agent.py" --check --store-url "$URL" --tasks "$WORK/lc.jsonl" --agl "$AGL" \
-    --model "$MODEL" --max-tokens 48 || fail "langchain_agent.py --check"
 
 echo "$SCRIPT: passed in $((SECONDS - T_START)) s" >&2
