@@ -129,6 +129,10 @@ pub mod agl {
     pub const GATEWAY_BLOCKED: &str = "agl.gateway.blocked";
     /// Gateway: whether the response was redacted before the agent saw it (bool).
     pub const GATEWAY_REDACTED: &str = "agl.gateway.redacted";
+    /// Gateway: the `model` the agent's request named, when the gateway rewrote it to the
+    /// attempt's model or adapter version (string; absent when the request was forwarded with
+    /// the name it had). The call's `gen_ai.request.model` is the name sent upstream.
+    pub const GATEWAY_MODEL_REQUESTED: &str = "agl.gateway.model_requested";
     /// Gateway: `true` when the upstream returned no token ids (bool).
     pub const TOKEN_IDS_MISSING: &str = "agl.token_ids.missing";
     /// Gateway: one raw log-probability per response token (float array, aligned with

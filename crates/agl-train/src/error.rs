@@ -62,6 +62,11 @@ pub enum TrainError {
         #[source]
         source: regex::Error,
     },
+    /// An Agent Lightning emitter of [`crate::StepContext`] was given something it cannot
+    /// record (a reward that is not a finite number, no reward dimension, an object that does
+    /// not serialise to JSON); nothing was recorded.
+    #[error("cannot emit: {0}")]
+    Emit(String),
     /// The span→triplet adapter was given no spans (Agent Lightning raises `ValueError`).
     #[error("no spans to adapt: the trace is empty")]
     EmptyTrace,

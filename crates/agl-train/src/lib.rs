@@ -15,6 +15,32 @@
 //! * [`FlightRecorderEmitter`] turns flight-recorder entries into [`LightningSpan`]s or store
 //!   spans.
 //!
+//! # Agent Lightning's instrumentation for Rust agents
+//! An agent's [`StepContext`] has Agent Lightning's emitters ([`instrument`]): `emit_reward`,
+//! `emit_rewards`, `emit_message`, `emit_object`, `emit_exception`, and operations that name
+//! the agent of the LLM calls made inside them, so `TracerTraceToTriplet`'s `agent_match` can
+//! train one role of a multi-agent system:
+//!
+//! ```
+//! use agl_train::{Agent, AgentError, StepContext};
+//!
+//! struct Sql;
+//!
+//! #[async_trait::async_trait]
+//! impl Agent for Sql {
+//!     type Input = String;
+//!     type Output = String;
+//!     async fn run(&self, question: &String, ctx: &mut StepContext) -> Result<String, AgentError> {
+//!         let op = ctx.start_operation("write").agent("write").input("question", question);
+//!         let sql = String::from("SELECT count(*) FROM singer"); // the model's answer
+//!         ctx.end_operation(op.output(&sql));
+//!         ctx.emit_object(&serde_json::json!({"tables": ["singer"]}))?;
+//!         ctx.emit_reward(1.0)?; // the rollout's reward unless the runner has a PolicyReward
+//!         Ok(sql)
+//!     }
+//! }
+//! ```
+//!
 //! [`LlmGrpo`] trains an LLM's LoRA adapter with GRPO from the adapter's triplets
 //! ([`samples_from_triplets`]: multi-turn merging with context masked; [`assign_advantages`]:
 //! group-relative; a token-level clipped surrogate with DAPO's clip-higher). [`group_advantages`]
@@ -26,6 +52,10 @@
 //! advantages, one update per step, the next adapter version published through
 //! [`PolicyServing`] (the serving side, implemented where the engine and gateway are wired),
 //! checkpoints ([`save_checkpoint`], [`TrainerState`]) and progress ([`LoopObserver`]).
+//!
+//! [`ExecRunners`] (Unix) is a [`RunnerPool`] that runs a shell command per rollout, so an
+//! agent in any language is served with no code change: the task on stdin, the LLM endpoint in
+//! `OPENAI_BASE_URL`, the reward as the last stdout line `{"reward": r}` ([`exec_runner`]).
 //!
 //! [`TracerTraceToTriplet`] is Agent Lightning's span→triplet adapter over LLM-call spans (one
 //! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
@@ -40,7 +70,10 @@ pub mod dataset;
 pub mod emitter;
 pub mod environment;
 pub mod error;
+#[cfg(unix)]
+pub mod exec_runner;
 pub mod grpo;
+pub mod instrument;
 pub mod llm_grpo;
 pub mod llm_loop;
 pub mod reward;
@@ -61,7 +94,13 @@ pub use environment::{
     TaskRewardFn, ViolationRecord, create_governed_env,
 };
 pub use error::TrainError;
+#[cfg(unix)]
+pub use exec_runner::{
+    DEFAULT_EXEC_TIMEOUT_SECONDS, ExecConfig, ExecReport, ExecRunners, STDERR_TAIL_BYTES,
+    STDOUT_KEEP_BYTES, WhenIdle, parse_reward_line, run_exec_worker,
+};
 pub use grpo::{clip_grad_norm, group_advantages};
+pub use instrument::{AGENT_NAME_ATTR, Operation};
 pub use llm_grpo::{
     LlmGrpo, LlmGrpoConfig, LlmStepStats, TokenSample, assign_advantages, samples_from_triplets,
 };

@@ -48,6 +48,16 @@
 //! {aid}/v1`), so the LLM gateway knows which rollout each model call belongs to, as Agent
 //! Lightning's `ProxyLLM.get_base_url` does.
 //!
+//! # Agent Lightning's instrumentation
+//! [`StepContext`] has Agent Lightning's emitters ([`crate::instrument`]):
+//! [`StepContext::emit_reward`] / [`StepContext::emit_rewards`], [`StepContext::emit_message`],
+//! [`StepContext::emit_object`], [`StepContext::emit_exception`], and operations
+//! ([`StepContext::start_operation`] … [`StepContext::end_operation`]) whose `agent.name` lets a
+//! triplet adapter's `agent_match` select the LLM calls made inside them. Like
+//! [`StepContext::annotate`], they are stored by [`GovernedRunner::iter`]. Without a
+//! [`PolicyReward`] the agent's last emitted reward is the rollout's reward; with one, the
+//! shaped reward is (it is stored last).
+//!
 //! # Violations of the model's output (the LLM gateway)
 //! The gateway (`agl_server::gateway`) checks every model answer with the kernel and writes each
 //! violation as an `agentlightning.annotation` span of the attempt with
@@ -171,6 +181,8 @@ pub struct Annotation {
     pub start_time: Option<f64>,
     /// End time, Unix seconds; `None`: the time the runner writes the span.
     pub end_time: Option<f64>,
+    /// Span status; `None`: `OK` (what [`Span::new`] gives).
+    pub status: Option<agl_core::SpanStatus>,
 }
 
 #[derive(Clone)]
@@ -379,6 +391,7 @@ impl StepContext {
             attributes,
             start_time: None,
             end_time: None,
+            status: None,
         });
     }
 
@@ -400,7 +413,13 @@ impl StepContext {
             attributes,
             start_time: Some(start),
             end_time: Some(end.max(start)),
+            status: None,
         });
+    }
+
+    /// Adds a span the agent asked for (the emitters of [`crate::instrument`]).
+    pub(crate) fn push_annotation(&mut self, annotation: Annotation) {
+        self.annotations.push(annotation);
     }
 }
 
@@ -908,7 +927,10 @@ where
     /// `agent_os.total_penalty`, `agent_os.violation_types`, `agent_os.policies_violated`,
     /// `agent_os.signals`, `agl.success`; always written, even with no violation, so every
     /// rollout's count is in the store); the reward span if a reward is set
-    /// ([`GovernedRunner::with_reward`]). The attempt is then `succeeded`, with metadata
+    /// ([`GovernedRunner::with_reward`]). So the rollout's reward (`find_final_reward`, the last
+    /// reward span) is the [`PolicyReward`]'s shaped reward when the runner has one, else the
+    /// last reward the agent emitted ([`StepContext::emit_reward`]), else none. The attempt is
+    /// then `succeeded`, with metadata
     /// `{"success", "violations", "total_penalty", "output"}`: the step ran and was reported,
     /// whatever the task's outcome (a blocked rollout's penalty is a training signal, so it
     /// must not be discarded as a failed attempt). An input that cannot be read fails the
@@ -989,6 +1011,9 @@ where
                 }
                 if a.end_time.is_some() {
                     span.end_time = a.end_time;
+                }
+                if let Some(status) = a.status {
+                    span.status = status;
                 }
                 spans.push(span);
             }

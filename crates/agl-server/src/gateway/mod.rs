@@ -19,22 +19,31 @@
 //! 1. The rollout must exist (else 404 `rollout_not_found`) and the attempt too (404
 //!    `attempt_not_found`); a finished attempt (`succeeded`, `failed`, `timeout`) is 409
 //!    `attempt_finished`. A body that is not a JSON object is 400 `invalid_json`.
-//! 2. A sequence id is taken from the store (the call's place among the attempt's spans).
-//! 3. The upstream is always asked for token ids and log-probabilities (vLLM's
+//! 2. The request's `model` becomes the attempt's model: the models of the
+//!    `llm` and `proxy_llm` resources of the rollout's `resources_id` (the store's latest
+//!    resources when it names none; read on every call, never cached, since the trainer
+//!    publishes a new adapter version each step). A `model` that is one of them is kept;
+//!    otherwise, when they name exactly one model (`policy-v3`), the request is sent with it,
+//!    whatever the agent hard-coded (`gpt-4o-mini`), and the call span records what the agent
+//!    sent as `agl.gateway.model_requested`; otherwise (no LLM resources, or several models and
+//!    no match) the request goes as it came. The answer's `model` is the upstream's (the
+//!    version that served it), as vLLM answers.
+//! 3. A sequence id is taken from the store (the call's place among the attempt's spans).
+//! 4. The upstream is always asked for token ids and log-probabilities (vLLM's
 //!    `return_token_ids: true`; chat `logprobs: true`, completions `logprobs: 0` unless the
 //!    agent asked for more; streams `stream_options.include_usage: true`). What the agent did
 //!    not ask for is stripped from its answer (without `return_token_ids`: `prompt_token_ids`,
 //!    `token_ids` and the engine's `forced_token_positions`). An upstream that returns no token ids is not
 //!    re-tokenized: the span says `agl.token_ids.missing = true` and the training adapter
 //!    refuses the call.
-//! 4. The upstream cannot be reached: 502 `upstream_unavailable`; it does not answer within
+//! 5. The upstream cannot be reached: 502 `upstream_unavailable`; it does not answer within
 //!    [`GatewayConfig::request_timeout`] (the headers, then each piece of the body): 504
 //!    `upstream_timeout`. An upstream error status is passed to the agent as it came.
-//! 5. With a kernel, the answer is governed ([`govern`]): a block gives the agent 403
+//! 6. With a kernel, the answer is governed ([`govern`]): a block gives the agent 403
 //!    `{"error": {"type": "policy_violation", "code": "<policy>", "message": …}}` (in a
 //!    stream: an `error` event in place of the rest), a modify gives it the redacted answer,
 //!    and warnings or audit mode change nothing. Violations are child spans of the call.
-//! 6. The spans are stored before the answer's end reaches the agent; a store that fails to
+//! 7. The spans are stored before the answer's end reaches the agent; a store that fails to
 //!    take them is a 503 `store_unavailable` (an answer is never given unrecorded).
 //!
 //! # Streaming
@@ -56,7 +65,7 @@ mod upstream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agl_core::now_seconds;
+use agl_core::{Resource, now_seconds};
 use agl_gov::{GovernanceMode, Kernel};
 use agl_store::LightningStore;
 use axum::Router;
@@ -361,6 +370,55 @@ fn upstream_request(endpoint: Endpoint, req: &Map<String, Value>, asked: Asked) 
     Value::Object(up).to_string().into_bytes()
 }
 
+/// The distinct models (sorted) of the `llm` and `proxy_llm` resources a rollout runs with:
+/// those of its `resources_id`, or the store's latest resources when it names none (what
+/// `GovernedRunner::iter` hands the agent). A `resources_id` the store does not have gives no
+/// models (the runner gives that agent no resources either).
+///
+/// Read on every call and never cached: the trainer publishes new resources every step.
+///
+/// # Errors
+/// The store fails: 503 `store_unavailable`.
+async fn rollout_models(
+    store: &dyn LightningStore,
+    rollout: &agl_core::Rollout,
+) -> Result<Vec<String>, GatewayError> {
+    let update = match &rollout.resources_id {
+        Some(id) => store.get_resources_by_id(id).await,
+        None => store.get_latest_resources().await,
+    }
+    .map_err(|e| GatewayError::store(&e))?;
+    let mut models: Vec<String> = update
+        .into_iter()
+        .flat_map(|u| u.resources.into_values())
+        .filter_map(|r| match r {
+            Resource::Llm(l) | Resource::ProxyLlm(l) => Some(l.model),
+            Resource::PromptTemplate(_) => None,
+        })
+        .collect();
+    models.sort_unstable();
+    models.dedup();
+    Ok(models)
+}
+
+/// Points the request at the attempt's model: a `model` that is one of `models` is kept; else,
+/// when `models` holds exactly one name, `model` becomes it (also when the request had none),
+/// and the name the agent sent (a string) is returned; else (no models, or several and none
+/// matches) the request is left as it is. Agents often hard-code a model name
+/// (`gpt-4o-mini`), while the trainer serves the version it is training (`policy-v3`).
+fn serve_model(req: &mut Map<String, Value>, models: &[String]) -> Option<String> {
+    let sent = req.get("model").and_then(Value::as_str);
+    if sent.is_some_and(|m| models.iter().any(|x| x == m)) {
+        return None;
+    }
+    let [only] = models else {
+        return None;
+    };
+    let sent = sent.map(str::to_string);
+    req.insert("model".into(), Value::String(only.clone()));
+    sent
+}
+
 async fn handle(
     gw: Arc<Gateway>,
     endpoint: Endpoint,
@@ -373,19 +431,25 @@ async fn handle(
         .get_rollout_by_id(&rid)
         .await
         .map_err(|e| GatewayError::store(&e))?;
-    if rollout.is_none() {
+    let Some(rollout) = rollout else {
         return Err(GatewayError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "rollout_not_found",
             format!("rollout `{rid}` does not exist in the store"),
         ));
-    }
-    let attempts = gw
-        .store
-        .list_attempts(&rid)
-        .await
-        .map_err(|e| GatewayError::store(&e))?;
+    };
+    // The attempt and the rollout's LLM models: two independent reads, side by side (with a
+    // remote store the second costs no extra round-trip of latency).
+    let (attempts, models) = tokio::try_join!(
+        async {
+            gw.store
+                .list_attempts(&rid)
+                .await
+                .map_err(|e| GatewayError::store(&e))
+        },
+        rollout_models(gw.store.as_ref(), &rollout),
+    )?;
     let Some(attempt) = attempts.into_iter().find(|a| a.attempt_id == aid) else {
         return Err(GatewayError::new(
             StatusCode::NOT_FOUND,
@@ -415,7 +479,7 @@ async fn handle(
         err.status = e.status();
         err
     })?;
-    let req: Map<String, Value> = match serde_json::from_slice::<Value>(&bytes) {
+    let mut req: Map<String, Value> = match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => m,
         Ok(_) => {
             return Err(GatewayError::new(
@@ -434,6 +498,7 @@ async fn handle(
             ));
         }
     };
+    let model_requested = serve_model(&mut req, &models);
     let asked = Asked::of(endpoint, &req);
     let sequence_id = gw
         .store
@@ -449,6 +514,7 @@ async fn handle(
         sequence_id,
         start: now_seconds(),
         req,
+        model_requested,
         asked,
     };
     let reply = match call
@@ -495,7 +561,10 @@ pub(crate) struct Call {
     pub(crate) aid: String,
     pub(crate) sequence_id: i64,
     pub(crate) start: f64,
+    /// The request as sent upstream (its `model` possibly rewritten by [`serve_model`]).
     pub(crate) req: Map<String, Value>,
+    /// The `model` the agent sent, when [`serve_model`] rewrote it.
+    pub(crate) model_requested: Option<String>,
     pub(crate) asked: Asked,
 }
 
@@ -526,6 +595,7 @@ impl Call {
         let facts = record::SpanFacts {
             endpoint: self.endpoint,
             request: &self.req,
+            model_requested: self.model_requested.as_deref(),
             upstream: &self.gw.upstream.label,
             start: self.start,
             end: now_seconds(),
@@ -628,5 +698,53 @@ fn apply_rewrites(endpoint: Endpoint, answer: &mut Value, outcome: &govern::Outc
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(model: Option<&str>) -> Map<String, Value> {
+        let mut m = Map::new();
+        if let Some(model) = model {
+            m.insert("model".into(), json!(model));
+        }
+        m
+    }
+
+    fn models(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_string()).collect()
+    }
+
+    #[test]
+    fn serve_model_rewrites_only_to_a_single_model() {
+        let mut r = req(Some("gpt-4o-mini"));
+        assert_eq!(
+            serve_model(&mut r, &models(&["policy-v1"])),
+            Some("gpt-4o-mini".into())
+        );
+        assert_eq!(r["model"], "policy-v1");
+
+        let mut r = req(Some("policy-v1"));
+        assert_eq!(serve_model(&mut r, &models(&["policy-v1"])), None);
+        assert_eq!(r["model"], "policy-v1");
+
+        let mut r = req(Some("b"));
+        assert_eq!(serve_model(&mut r, &models(&["a", "b"])), None);
+        assert_eq!(r["model"], "b");
+
+        let mut r = req(Some("c"));
+        assert_eq!(serve_model(&mut r, &models(&["a", "b"])), None);
+        assert_eq!(r["model"], "c");
+
+        let mut r = req(Some("c"));
+        assert_eq!(serve_model(&mut r, &[]), None);
+        assert_eq!(r["model"], "c");
+
+        // No model at all: the attempt's is filled in, nothing to record.
+        let mut r = req(None);
+        assert_eq!(serve_model(&mut r, &models(&["policy-v1"])), None);
+        assert_eq!(r["model"], "policy-v1");
     }
 }

@@ -14,7 +14,8 @@
 //! | attribute | type | meaning |
 //! |---|---|---|
 //! | `gen_ai.system` | str | `openai` |
-//! | `gen_ai.request.model`, `.temperature`, `.top_p`, `.max_tokens`, `.seed`, `.stream` | | the agent's request |
+//! | `gen_ai.request.model`, `.temperature`, `.top_p`, `.max_tokens`, `.seed`, `.stream` | | the agent's request (`model` as sent upstream: the attempt's model when the gateway rewrote it) |
+//! | `agl.gateway.model_requested` | str | the `model` the agent sent, only when the gateway rewrote it to the attempt's model |
 //! | `gen_ai.request.functions.<k>.name`, `.description`, `.parameters` | str | the request's tools (`tools[k].function`, then legacy `functions`); `.parameters` is the JSON schema as JSON text (`null` when the tool has none; a string is kept as sent) |
 //! | `gen_ai.prompt.<i>.role`, `gen_ai.prompt.<i>.content` | str | the request's messages (content parts as JSON); completions: `gen_ai.prompt.0.content` is the prompt |
 //! | `gen_ai.prompt.<i>.tool_calls.<j>.id`, `.name`, `.arguments` | str | the tool calls of an (assistant) message of the request (`""` for a missing field; arguments that are not a string as JSON text) |
@@ -310,8 +311,10 @@ fn choices(body: &Value) -> impl Iterator<Item = (usize, &Value)> {
 pub struct SpanFacts<'a> {
     /// Which endpoint.
     pub endpoint: Endpoint,
-    /// The agent's request body.
+    /// The request body as sent upstream (the agent's, its `model` possibly rewritten).
     pub request: &'a Map<String, Value>,
+    /// The `model` the agent sent when the gateway rewrote it (`agl.gateway.model_requested`).
+    pub model_requested: Option<&'a str>,
     /// `engine` or the upstream URL.
     pub upstream: &'a str,
     /// Unix seconds at the request and at the end.
@@ -564,6 +567,9 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
         put(&mut a, semconv::agl::GATEWAY_BLOCKED, v == "block");
     }
     put(&mut a, semconv::agl::GATEWAY_REDACTED, facts.redacted);
+    if let Some(m) = facts.model_requested {
+        put(&mut a, semconv::agl::GATEWAY_MODEL_REQUESTED, m);
+    }
     put(&mut a, "http.status_code", i64::from(facts.status));
     if let Some(e) = &facts.error {
         put(&mut a, semconv::agl::ERROR, e.as_str());
@@ -680,6 +686,7 @@ mod tests {
             &SpanFacts {
                 endpoint: Endpoint::Chat,
                 request,
+                model_requested: None,
                 upstream: "engine",
                 start: 0.0,
                 end: 1.0,
