@@ -71,6 +71,12 @@ enum Command {
     },
     /// Print the triplets of one attempt's LLM-call spans in a store (`TracerTraceToTriplet`).
     Triplets(cmd::triplets::TripletsArgs),
+    /// Spider tasks for the agent you bring (`agl spider tasks`) and execution-match scoring
+    /// (`agl spider score`).
+    Spider {
+        #[command(subcommand)]
+        command: cmd::spider::SpiderCommand,
+    },
 }
 
 /// candle asks for its thread count on every matmul and, unless `RAYON_NUM_THREADS` is set,
@@ -175,6 +181,7 @@ fn main() -> ExitCode {
         Command::Llm { command } => cmd::llm::run(command),
         Command::Model { command } => cmd::model::run(command),
         Command::Triplets(args) => cmd::triplets::run(args),
+        Command::Spider { command } => cmd::spider::run(command),
         Command::Policy { command } => {
             // Policy commands reserve exit 1 for "blocked" / "invalid": errors exit 2.
             return match cmd::policy::run(command) {

@@ -11,6 +11,7 @@ pub mod llm;
 pub mod model;
 pub mod policy;
 pub mod runner;
+pub mod spider;
 pub mod store;
 pub mod train;
 pub mod triplets;
