@@ -832,13 +832,43 @@ fn print_table(
     curve: &[AnyCurvePoint],
     seconds: f64,
 ) {
+    println!();
+    if before.is_none() && after.is_none() {
+        println!("validation: none (no --val-dataset)");
+    } else {
+        print_validation(before, after);
+    }
+    let n = curve.len().max(1) as f64;
+    let rollouts: usize = curve.iter().map(|p| p.rewarded + p.unrewarded).sum();
+    let unrewarded: usize = curve.iter().map(|p| p.unrewarded).sum();
+    let tokens: u64 = curve.iter().map(|p| p.completion_tokens).sum();
+    let rollout_s: f64 = curve.iter().map(|p| p.rollout_seconds).sum();
+    println!("train rollouts: {rollouts} ({unrewarded} without reward, left out of the update)");
+    println!(
+        "train mean reward per step: {:.3}",
+        curve.iter().map(|p| p.reward).sum::<f64>() / n
+    );
+    println!(
+        "mean seconds per step: {:.1} (rollouts {:.1}, update {:.1}); rollout tokens/s {:.1}",
+        curve.iter().map(|p| p.step_seconds).sum::<f64>() / n,
+        rollout_s / n,
+        curve.iter().map(|p| p.update_seconds).sum::<f64>() / n,
+        tokens as f64 / rollout_s.max(1e-9)
+    );
+    if let Some(b) = crate::out::rss::peak_rss_bytes() {
+        println!("peak RSS: {:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    }
+    println!("wall time: {seconds:.1} s");
+}
+
+/// The validation rows, before and after training.
+fn print_validation(before: Option<&ValSummary>, after: Option<&ValSummary>) {
     let cols = crate::out::table::Columns {
         label: 34,
         first: 16,
         cell: 16,
         sep: " ",
     };
-    println!();
     println!(
         "{}",
         cols.line("", "before", ["after".to_string()].into_iter())
@@ -863,27 +893,6 @@ fn print_table(
     row("validation violation rate", &|v| {
         format!("{:.3}", v.violation_rate)
     });
-    let n = curve.len().max(1) as f64;
-    let rollouts: usize = curve.iter().map(|p| p.rewarded + p.unrewarded).sum();
-    let unrewarded: usize = curve.iter().map(|p| p.unrewarded).sum();
-    let tokens: u64 = curve.iter().map(|p| p.completion_tokens).sum();
-    let rollout_s: f64 = curve.iter().map(|p| p.rollout_seconds).sum();
-    println!("train rollouts: {rollouts} ({unrewarded} without reward, left out of the update)");
-    println!(
-        "train mean reward per step: {:.3}",
-        curve.iter().map(|p| p.reward).sum::<f64>() / n
-    );
-    println!(
-        "mean seconds per step: {:.1} (rollouts {:.1}, update {:.1}); rollout tokens/s {:.1}",
-        curve.iter().map(|p| p.step_seconds).sum::<f64>() / n,
-        rollout_s / n,
-        curve.iter().map(|p| p.update_seconds).sum::<f64>() / n,
-        tokens as f64 / rollout_s.max(1e-9)
-    );
-    if let Some(b) = crate::out::rss::peak_rss_bytes() {
-        println!("peak RSS: {:.2} GiB", b as f64 / (1u64 << 30) as f64);
-    }
-    println!("wall time: {seconds:.1} s");
 }
 
 #[cfg(test)]
