@@ -858,6 +858,7 @@ mod tests {
             seed: None,
             mode: RolloutMode::Train,
             workers,
+            config: None,
         }
     }
 
