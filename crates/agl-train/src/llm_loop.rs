@@ -38,8 +38,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::rollout_batch::{BatchPlan, FinishedRollout, RunnerPool, run_batch};
 use crate::{
-    LlmGrpo, LlmGrpoConfig, LlmStepStats, TracerTraceToTriplet, TrainError, TrainingMode,
-    assign_advantages, samples_from_triplets,
+    LlmGrpo, LlmGrpoConfig, LlmStepStats, PolicyReward, TracerTraceToTriplet, TrainError,
+    TrainingMode, assign_advantages, samples_from_triplets,
 };
 
 /// What the loop needs from the side that serves the policy: where the agents' calls go, and
@@ -172,6 +172,43 @@ impl Judged {
         });
         let violations = annotated.unwrap_or_else(|| crate::gateway_violations(&f.spans).len());
         Judged { reward, violations }
+    }
+
+    /// [`Judged::from_spans`] with the reward shaped on the algorithm side by `reward` (the
+    /// seed's `PolicyReward`, for agents whose runner does not shape it): the agent's reward is
+    /// the base, the gateway's violation spans of the attempt ([`crate::gateway_violations`])
+    /// are the violations, and the step succeeded when the attempt did and no violation was
+    /// blocked. A rollout with violations but no reward (typically an agent that stopped at a
+    /// blocked answer) gets base 0 and its penalties, so the block is a training signal; one
+    /// with neither stays `None`. Unchanged when `reward` does not shape
+    /// ([`PolicyReward::shaped`]: the training mode records only) or when the runner already
+    /// stored a shaped reward (a span with `agl.reward.unclamped`, which
+    /// [`crate::GovernedRunner`] writes with [`crate::GovernedRunner::with_reward`]).
+    pub fn shaped(f: &FinishedRollout, reward: &PolicyReward) -> Judged {
+        let plain = Judged::from_spans(f);
+        let already = f
+            .spans
+            .iter()
+            .any(|sp| sp.attributes.contains_key(semconv::agl::REWARD_UNCLAMPED));
+        if !reward.shaped() || already {
+            return plain;
+        }
+        let violations = crate::gateway_violations(&f.spans);
+        let base = match plain.reward {
+            Some(r) => r,
+            None if !violations.is_empty() => 0.0,
+            None => return plain,
+        };
+        let succeeded = f
+            .attempt
+            .as_ref()
+            .is_some_and(|a| a.status == AttemptStatus::Succeeded)
+            && !violations.iter().any(|v| v.action_blocked);
+        let shaped = reward.record(base, succeeded, &violations);
+        Judged {
+            reward: Some(shaped.final_reward),
+            violations: plain.violations.max(violations.len()),
+        }
     }
 }
 
@@ -554,6 +591,54 @@ mod tests {
         )];
         let j = Judged::from_spans(&finished(AttemptStatus::Succeeded, spans));
         assert_eq!(j.violations, 3);
+    }
+
+    fn gateway_violation(seq: i64, blocked: bool) -> agl_core::Span {
+        let mut a = agl_core::Attributes::new();
+        a.insert(semconv::SOURCE_ATTR.into(), semconv::SOURCE_GATEWAY.into());
+        a.insert("agent_os.violation.policy".into(), "sql".into());
+        a.insert("agent_os.violation.severity".into(), "high".into());
+        a.insert("agent_os.violation.blocked".into(), blocked.into());
+        agl_core::Span::new("ro-1", "at-1", seq, semconv::AGL_ANNOTATION, a)
+    }
+
+    #[test]
+    fn the_algorithm_side_shapes_an_outside_agents_reward() {
+        let reward = PolicyReward::<(), ()>::new(crate::RewardConfig::default());
+        // Clean and rewarded: base + the clean bonus (+5).
+        let clean = finished(AttemptStatus::Succeeded, vec![reward_span(1, 1.0)]);
+        assert_eq!(Judged::shaped(&clean, &reward).reward, Some(6.0));
+        // A warned violation (high, −50) on a rewarded rollout: 1 − 50, no bonus.
+        let warned = finished(
+            AttemptStatus::Succeeded,
+            vec![gateway_violation(1, false), reward_span(2, 1.0)],
+        );
+        let j = Judged::shaped(&warned, &reward);
+        assert_eq!((j.reward, j.violations), (Some(-49.0), 1));
+        // Blocked and the agent stopped without a reward: base 0 and the penalty.
+        let blocked = finished(AttemptStatus::Failed, vec![gateway_violation(1, true)]);
+        assert_eq!(Judged::shaped(&blocked, &reward).reward, Some(-50.0));
+        // Neither reward nor violation: still left out.
+        let silent = finished(AttemptStatus::Failed, Vec::new());
+        assert_eq!(Judged::shaped(&silent, &reward).reward, None);
+        // A mode that records only does not shape.
+        let audit = PolicyReward::<(), ()>::new(crate::RewardConfig::default()).with_shaping(false);
+        assert_eq!(Judged::shaped(&warned, &audit).reward, Some(1.0));
+        // A runner that already shaped the reward is not shaped twice.
+        let done = crate::RewardBreakdown::task_only(0.5, 0).annotation_attributes();
+        assert!(done.contains_key(semconv::agl::REWARD_UNCLAMPED));
+        let runner = finished(
+            AttemptStatus::Succeeded,
+            vec![agl_core::Span::new(
+                "ro-1",
+                "at-1",
+                1,
+                semconv::AGL_ANNOTATION,
+                done,
+            )],
+        );
+        assert_eq!(Judged::shaped(&runner, &reward).reward, Some(0.5));
+        assert_eq!(reward.stats().total_rewards, 3);
     }
 
     #[test]

@@ -32,9 +32,10 @@
 //! [`agl_train::LlmLoop`] over the train tasks (`--limit` first, then shuffled once with
 //! `--seed` unless `--keep-order`):
 //! per step `--tasks-per-step` tasks, each enqueued `--group-size` times as `train` rollouts;
-//! each rollout is judged by what its attempt recorded ([`agl_train::Judged::from_spans`]: the
+//! each rollout is judged by what its attempt recorded ([`agl_train::Judged::shaped`]: the
 //! final reward span, `None` when the attempt failed or timed out or reported no reward — left
-//! out of the update and counted — and the violations the gateway recorded on it); triplets of
+//! out of the update and counted — and the violations the gateway recorded on it, which the
+//! seed's `PolicyReward` turns into penalties on the algorithm side under `enforce`); triplets of
 //! the calls of `--train-roles` agents (every call by default); group-relative advantages; one
 //! LoRA GRPO update; the next adapter version published. Checkpoints go to `--checkpoint-dir`
 //! (default `runs/agent`): `step-N/` every `--checkpoint-every` steps and `final/`, PEFT's
@@ -61,7 +62,8 @@ use agl_spider::CurvePoint;
 use agl_store::LightningStore;
 use agl_train::{
     BatchPlan, ExternalRunners, FinishedRollout, Judged, LlmLoop, LlmLoopConfig, LoopObserver,
-    PolicyServing, RunnerPool, StepOutcome, TracerTraceToTriplet, TrainingMode,
+    PolicyReward, PolicyServing, RewardConfig, RunnerPool, StepOutcome, TracerTraceToTriplet,
+    TrainingMode,
 };
 use anyhow::{Context, bail};
 use indicatif::ProgressBar;
@@ -257,6 +259,7 @@ struct AnyReport<'a> {
     curve: &'a [AnyCurvePoint],
     adapter: String,
     kernel: agl_gov::KernelStats,
+    reward: agl_train::RewardStats,
     peak_rss_bytes: Option<u64>,
     seconds: f64,
 }
@@ -515,6 +518,10 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
                 Ok(Some(summary))
             }
         };
+        // The seed's PolicyReward, on the algorithm side: the agent's reward less the
+        // penalties of the violations its attempt recorded (shaped in `enforce` only).
+        let reward =
+            PolicyReward::<(), ()>::new(RewardConfig::default()).with_shaping(mode.shapes_reward());
         let (mut grpo, state) = learner(&engine, &shared, &args, &settings, mode, resume.as_ref())?;
         let start_step = state.step;
         let before_model = match &resume {
@@ -542,7 +549,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             serving: &serving,
             triplets: &triplets,
             tasks: &train,
-            judge: &Judged::from_spans,
+            judge: &|f| Judged::shaped(f, &reward),
         };
         let mut printer = AnyPrinter {
             bar: progress_bar(
@@ -561,10 +568,10 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             serving.retire(&served);
         }
         server.shutdown().await?;
-        Ok::<_, anyhow::Error>((before, after, printer.curve))
+        Ok::<_, anyhow::Error>((before, after, printer.curve, reward.stats()))
     });
     engine.shutdown();
-    let (before, after, curve) = result?;
+    let (before, after, curve, reward_stats) = result?;
     let seconds = started.elapsed().as_secs_f64();
     let adapter = checkpoint_root.join("final");
     print_table(before.as_ref(), after.as_ref(), &curve, seconds);
@@ -630,6 +637,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             curve: &curve,
             adapter: adapter.display().to_string(),
             kernel: kernel.stats(),
+            reward: reward_stats,
             peak_rss_bytes: crate::out::rss::peak_rss_bytes(),
             seconds,
         };
