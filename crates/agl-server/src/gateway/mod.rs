@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `POST /rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions` | OpenAI Chat Completions, plain or `stream: true` |
 //! | `POST /rollout/{rollout_id}/attempt/{attempt_id}/v1/completions` | OpenAI (legacy) Completions, plain or streamed |
+//! | `POST /rollout/{rollout_id}/attempt/{attempt_id}/v1/agl/governance/check`, `POST /v1/agl/governance/check` | the kernel's decision on an action the agent runs itself, recorded on the attempt (`check`) |
 //!
 //! These are the URLs that a `proxy_llm` resource gives each attempt
 //! (`agl_core::LlmResource::base_url_for_attempt`, Agent Lightning's `ProxyLLM`), so an agent
@@ -57,6 +58,7 @@
 //! Errors are in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), as agents'
 //! OpenAI clients expect.
 
+mod check;
 pub mod govern;
 pub mod record;
 mod stream;
@@ -209,6 +211,39 @@ impl GatewayError {
         )
     }
 
+    fn rollout_not_found(rid: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "rollout_not_found",
+            format!("rollout `{rid}` does not exist in the store"),
+        )
+    }
+
+    /// 404 when `attempts` (of rollout `rid`) has no `aid`, 409 when it is finished.
+    fn check_attempt(rid: &str, aid: &str, attempts: Vec<agl_core::Attempt>) -> Result<(), Self> {
+        let Some(attempt) = attempts.into_iter().find(|a| a.attempt_id == aid) else {
+            return Err(Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "attempt_not_found",
+                format!("rollout `{rid}` has no attempt `{aid}`"),
+            ));
+        };
+        if attempt.status.is_finished() {
+            return Err(Self::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "attempt_finished",
+                format!(
+                    "attempt `{aid}` of rollout `{rid}` is {}: start a new attempt",
+                    attempt.status
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The body: `{"error": {"message", "type", "param": null, "code"}}`.
     pub fn body(&self) -> Value {
         json!({"error": {
@@ -238,6 +273,25 @@ pub(crate) struct Gateway {
 }
 
 impl Gateway {
+    /// Checks that rollout `rid` has a live (unfinished) attempt `aid` (see the module docs'
+    /// errors).
+    pub(crate) async fn live_attempt(&self, rid: &str, aid: &str) -> Result<(), GatewayError> {
+        let rollout = self
+            .store
+            .get_rollout_by_id(rid)
+            .await
+            .map_err(|e| GatewayError::store(&e))?;
+        if rollout.is_none() {
+            return Err(GatewayError::rollout_not_found(rid));
+        }
+        let attempts = self
+            .store
+            .list_attempts(rid)
+            .await
+            .map_err(|e| GatewayError::store(&e))?;
+        GatewayError::check_attempt(rid, aid, attempts)
+    }
+
     /// Whether output must be gated while streaming (a kernel that can block or rewrite).
     pub(crate) fn gates(&self) -> bool {
         self.kernel
@@ -266,6 +320,11 @@ pub fn router(store: Arc<dyn LightningStore>, config: GatewayConfig) -> Result<R
             "/rollout/{rollout_id}/attempt/{attempt_id}/v1/completions",
             post(completions),
         )
+        .route(
+            "/rollout/{rollout_id}/attempt/{attempt_id}/v1/agl/governance/check",
+            post(check::check_attempt),
+        )
+        .route("/v1/agl/governance/check", post(check::check_plain))
         .with_state(state))
 }
 
@@ -432,12 +491,7 @@ async fn handle(
         .await
         .map_err(|e| GatewayError::store(&e))?;
     let Some(rollout) = rollout else {
-        return Err(GatewayError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "rollout_not_found",
-            format!("rollout `{rid}` does not exist in the store"),
-        ));
+        return Err(GatewayError::rollout_not_found(&rid));
     };
     // The attempt and the rollout's LLM models: two independent reads, side by side (with a
     // remote store the second costs no extra round-trip of latency).
@@ -450,25 +504,7 @@ async fn handle(
         },
         rollout_models(gw.store.as_ref(), &rollout),
     )?;
-    let Some(attempt) = attempts.into_iter().find(|a| a.attempt_id == aid) else {
-        return Err(GatewayError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "attempt_not_found",
-            format!("rollout `{rid}` has no attempt `{aid}`"),
-        ));
-    };
-    if attempt.status.is_finished() {
-        return Err(GatewayError::new(
-            StatusCode::CONFLICT,
-            "invalid_request_error",
-            "attempt_finished",
-            format!(
-                "attempt `{aid}` of rollout `{rid}` is {}: start a new attempt to call the model",
-                attempt.status
-            ),
-        ));
-    }
+    GatewayError::check_attempt(&rid, &aid, attempts)?;
     let bytes = body.map_err(|e| {
         let mut err = GatewayError::new(
             StatusCode::BAD_REQUEST,
