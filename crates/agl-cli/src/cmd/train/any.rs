@@ -72,7 +72,8 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use super::llm::{
-    LlmTrainArgs, SharedArgs, checked, learner, loop_config, resume_state, rollouts_to_run,
+    LlmTrainArgs, SharedArgs, checked, engine_spec, learner, loop_config, resume_state,
+    rollouts_to_run,
 };
 use crate::llm_stage::EngineServing;
 use crate::out::progress::progress_bar;
@@ -405,14 +406,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             .with_context(|| format!("--store {}", any.store))?,
     };
 
-    let spec = agl_llm::EngineSpec {
-        model: args.model.to_string(),
-        weights: agl_llm::WeightFormat::Dense,
-        device: args.device.to_string(),
-        adapters: Vec::new(),
-        served_model_name: None,
-        max_batch_rows: shared.workers.clamp(8, 64),
-    };
+    let spec = engine_spec(&args, shared.workers);
     let started_engine = crate::args::engine::start_engine(&spec, "agl train")?;
     let engine = started_engine.engine.clone();
     let base_name = started_engine.name.clone();

@@ -417,6 +417,20 @@ pub(super) fn loop_config(
     }
 }
 
+/// The engine of an LLM training run: `--model` on `--device` with dense f32 weights (the
+/// sampler's log-probabilities must be the ones training recomputes), batching up to `rows`
+/// rows (clamped to 8..=64).
+pub(super) fn engine_spec(args: &LlmTrainArgs, rows: usize) -> agl_llm::EngineSpec {
+    agl_llm::EngineSpec {
+        model: args.model.to_string(),
+        weights: agl_llm::WeightFormat::Dense,
+        device: args.device.to_string(),
+        adapters: Vec::new(),
+        served_model_name: None,
+        max_batch_rows: rows.clamp(8, 64),
+    }
+}
+
 /// Rollouts the steps from `start_step` run (for the progress bar).
 pub(super) fn rollouts_to_run(shared: &SharedArgs, args: &LlmTrainArgs, start_step: usize) -> u64 {
     (args.steps.saturating_sub(start_step) * args.tasks_per_step * shared.group_size) as u64
@@ -467,14 +481,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         ))
     };
 
-    let spec = agl_llm::EngineSpec {
-        model: args.model.to_string(),
-        weights: agl_llm::WeightFormat::Dense,
-        device: args.device.to_string(),
-        adapters: Vec::new(),
-        served_model_name: None,
-        max_batch_rows: (shared.workers * args.max_turns.max(1)).clamp(8, 64),
-    };
+    let spec = engine_spec(&args, shared.workers * args.max_turns.max(1));
     let started_engine = crate::args::engine::start_engine(&spec, "agl train")?;
     let engine = started_engine.engine.clone();
     let base_name = started_engine.name.clone();
