@@ -14,8 +14,7 @@
 //! rollout and attempt ids when it has none. The answer is 200 with the kernel's decision
 //! (`verdict`, `mode`, `violations` with every finding, `rewritten`, `signals`) and `recorded`,
 //! the number of violation spans written on the attempt: one `agentlightning.annotation` span
-//! per violation, shaped as the gateway's violation spans (`agent_os.violation.*`,
-//! `agent_os.action_type`, `agl.source = "gateway"`), so the runner's statistics and the
+//! per violation, with the gateway's violation attributes ([`record::violation_attributes`]), so the runner's statistics and the
 //! algorithm-side reward count them. The check also goes to the kernel's flight recorder.
 //!
 //! The check only decides: the agent must not run a blocked action. An action the agent never
@@ -30,7 +29,7 @@
 
 use std::sync::Arc;
 
-use agl_core::{Attributes, Span, semconv};
+use agl_core::{Span, semconv};
 use agl_gov::{Action, Decision};
 use axum::Json;
 use axum::body::Bytes;
@@ -39,7 +38,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use super::{Gateway, GatewayError, SOURCE_ATTR, SOURCE_GATEWAY};
+use super::{Gateway, GatewayError, record};
 
 /// The body of a check.
 #[derive(Debug, Deserialize)]
@@ -147,38 +146,26 @@ async fn run(gw: &Gateway, req: CheckRequest) -> Result<CheckResponse, GatewayEr
     if let Some((rid, aid)) = &ids
         && !decision.violations.is_empty()
     {
-        let mut spans = Vec::with_capacity(decision.violations.len());
-        for v in &decision.violations {
-            let seq = gw
-                .store
-                .get_next_span_sequence_id(rid, aid)
-                .await
-                .map_err(|e| GatewayError::store(&e))?;
-            let mut a = Attributes::new();
-            a.insert(
-                semconv::agent_os::VIOLATION_POLICY.into(),
-                v.policy.as_str().into(),
-            );
-            a.insert(
-                semconv::agent_os::VIOLATION_SEVERITY.into(),
-                v.severity.to_string().into(),
-            );
-            a.insert(
-                semconv::agent_os::VIOLATION_REASON.into(),
-                v.reason.as_str().into(),
-            );
-            a.insert(
-                semconv::agent_os::VIOLATION_BLOCKED.into(),
-                v.blocked().into(),
-            );
-            a.insert(
-                semconv::agent_os::VIOLATION_EFFECT.into(),
-                v.effect.as_str().into(),
-            );
-            a.insert(semconv::agent_os::ACTION_TYPE.into(), action_type.into());
-            a.insert(SOURCE_ATTR.into(), SOURCE_GATEWAY.into());
-            spans.push(Span::new(rid, aid, seq, semconv::AGL_ANNOTATION, a));
-        }
+        // One sequence id for the check, shared by its violation spans (as a call's
+        // violation spans share the call's).
+        let seq = gw
+            .store
+            .get_next_span_sequence_id(rid, aid)
+            .await
+            .map_err(|e| GatewayError::store(&e))?;
+        let spans: Vec<Span> = decision
+            .violations
+            .iter()
+            .map(|v| {
+                Span::new(
+                    rid,
+                    aid,
+                    seq,
+                    semconv::AGL_ANNOTATION,
+                    record::violation_attributes(action_type, v),
+                )
+            })
+            .collect();
         recorded = spans.len();
         gw.store
             .add_spans(spans)

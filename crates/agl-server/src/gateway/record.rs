@@ -578,6 +578,38 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
     a
 }
 
+/// The attributes of the annotation span of one violation found on an action of type
+/// `action_type`: `agent_os.violation.{policy,severity,reason,blocked,effect}`,
+/// `agent_os.action_type` and `agl.source = "gateway"` (what `agl_train::gateway_violations`
+/// reads back).
+pub fn violation_attributes(action_type: &str, v: &Violation) -> Attributes {
+    let mut a = Attributes::new();
+    put(
+        &mut a,
+        semconv::agent_os::VIOLATION_POLICY,
+        v.policy.as_str(),
+    );
+    put(
+        &mut a,
+        semconv::agent_os::VIOLATION_SEVERITY,
+        v.severity.to_string(),
+    );
+    put(
+        &mut a,
+        semconv::agent_os::VIOLATION_REASON,
+        v.reason.as_str(),
+    );
+    put(&mut a, semconv::agent_os::VIOLATION_BLOCKED, v.blocked());
+    put(
+        &mut a,
+        semconv::agent_os::VIOLATION_EFFECT,
+        v.effect.as_str(),
+    );
+    put(&mut a, semconv::agent_os::ACTION_TYPE, action_type);
+    put(&mut a, SOURCE_ATTR, SOURCE_GATEWAY);
+    a
+}
+
 /// The call span plus one child annotation span per violation, all with `sequence_id`.
 pub fn spans(
     rollout_id: &str,
@@ -604,36 +636,12 @@ pub fn spans(
     }
     let mut out = Vec::with_capacity(1 + violations.len());
     for (action_type, v) in violations {
-        let mut a = Attributes::new();
-        put(
-            &mut a,
-            semconv::agent_os::VIOLATION_POLICY,
-            v.policy.as_str(),
-        );
-        put(
-            &mut a,
-            semconv::agent_os::VIOLATION_SEVERITY,
-            v.severity.to_string(),
-        );
-        put(
-            &mut a,
-            semconv::agent_os::VIOLATION_REASON,
-            v.reason.as_str(),
-        );
-        put(&mut a, semconv::agent_os::VIOLATION_BLOCKED, v.blocked());
-        put(
-            &mut a,
-            semconv::agent_os::VIOLATION_EFFECT,
-            v.effect.as_str(),
-        );
-        put(&mut a, semconv::agent_os::ACTION_TYPE, *action_type);
-        put(&mut a, SOURCE_ATTR, SOURCE_GATEWAY);
         let mut s = Span::new(
             rollout_id,
             attempt_id,
             sequence_id,
             semconv::AGL_ANNOTATION,
-            a,
+            violation_attributes(action_type, v),
         );
         s.trace_id.clone_from(&call.trace_id);
         s.parent_id = Some(call.span_id.clone());
