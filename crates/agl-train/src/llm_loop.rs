@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use agl_core::{Attempt, AttemptStatus, AttributeValue, Rollout, RolloutMode, semconv};
+use agl_core::{Attempt, AttributeValue, Rollout, RolloutMode, semconv};
 use agl_llm::LoraAdapter;
 use agl_store::LightningStore;
 use serde::{Deserialize, Serialize};
@@ -155,11 +155,7 @@ impl Judged {
     /// annotation (`agent_os.violations`) when there is one, else one per violation span the
     /// LLM gateway wrote ([`crate::gateway_violations`]).
     pub fn from_spans(f: &FinishedRollout) -> Judged {
-        let succeeded = f
-            .attempt
-            .as_ref()
-            .is_some_and(|a| a.status == AttemptStatus::Succeeded);
-        let reward = if succeeded {
+        let reward = if f.succeeded() {
             semconv::find_final_reward(&f.spans)
         } else {
             None
@@ -199,11 +195,7 @@ impl Judged {
             None if !violations.is_empty() => 0.0,
             None => return plain,
         };
-        let succeeded = f
-            .attempt
-            .as_ref()
-            .is_some_and(|a| a.status == AttemptStatus::Succeeded)
-            && !violations.iter().any(|v| v.action_blocked);
+        let succeeded = f.succeeded() && !violations.iter().any(|v| v.action_blocked);
         let shaped = reward.record(base, succeeded, &violations);
         Judged {
             reward: Some(shaped.final_reward),
@@ -483,6 +475,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agl_core::AttemptStatus;
 
     fn state() -> TrainerState {
         TrainerState {

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agl_core::{
-    Attempt, EnqueueRolloutRequest, LlmResource, NamedResources, Resource, Rollout, RolloutConfig,
-    RolloutMode, RolloutStatus, Span,
+    Attempt, AttemptStatus, EnqueueRolloutRequest, LlmResource, NamedResources, Resource, Rollout,
+    RolloutConfig, RolloutMode, RolloutStatus, Span,
 };
 use agl_gov::Kernel;
 use agl_store::{LightningStore, RolloutQuery};
@@ -98,6 +98,15 @@ pub struct FinishedRollout {
     pub attempt: Option<Attempt>,
     /// The latest attempt's spans, in sequence order.
     pub spans: Vec<Span>,
+}
+
+impl FinishedRollout {
+    /// Whether its latest attempt succeeded.
+    pub fn succeeded(&self) -> bool {
+        self.attempt
+            .as_ref()
+            .is_some_and(|a| a.status == AttemptStatus::Succeeded)
+    }
 }
 
 /// What serves a store's queue while a batch runs.
@@ -288,13 +297,7 @@ pub async fn run_batch<T: Serialize>(
         // rollout the store requeued afterwards (a retry of a failed or timed-out attempt)
         // gets workers again; otherwise every rollout is finished.
         if workers.is_empty() {
-            let pending: Vec<String> = ids.iter().filter(|i| !seen.contains(*i)).cloned().collect();
-            let query = RolloutQuery {
-                status_in: Some(vec![RolloutStatus::Queuing, RolloutStatus::Requeuing]),
-                rollout_id_in: Some(pending),
-                ..RolloutQuery::default()
-            };
-            let waiting = store.query_rollouts(query).await?.items.len();
+            let waiting = waiting_in_queue(store.as_ref(), &ids, &seen).await?;
             if waiting == 0 {
                 break;
             }
@@ -326,6 +329,22 @@ pub async fn run_batch<T: Serialize>(
         });
     }
     Ok((out, seconds))
+}
+
+/// How many of the batch's rollouts not yet seen finished wait in the queue (`queuing` or
+/// `requeuing`).
+async fn waiting_in_queue(
+    store: &dyn LightningStore,
+    ids: &[String],
+    seen: &HashSet<String>,
+) -> Result<usize, TrainError> {
+    let pending: Vec<String> = ids.iter().filter(|i| !seen.contains(*i)).cloned().collect();
+    let query = RolloutQuery {
+        status_in: Some(vec![RolloutStatus::Queuing, RolloutStatus::Requeuing]),
+        rollout_id_in: Some(pending),
+        ..RolloutQuery::default()
+    };
+    Ok(store.query_rollouts(query).await?.items.len())
 }
 
 /// How a batch served by external runners is progressing: the number of its rollouts still
@@ -366,13 +385,7 @@ impl Progress {
             return Ok(());
         }
         self.last_checked = Instant::now();
-        let pending: Vec<String> = ids.iter().filter(|i| !seen.contains(*i)).cloned().collect();
-        let query = RolloutQuery {
-            status_in: Some(vec![RolloutStatus::Queuing, RolloutStatus::Requeuing]),
-            rollout_id_in: Some(pending),
-            ..RolloutQuery::default()
-        };
-        let queuing = store.query_rollouts(query).await?.items.len();
+        let queuing = waiting_in_queue(store, ids, seen).await?;
         if self.queuing != Some(queuing) || self.finished != seen.len() {
             self.queuing = Some(queuing);
             self.finished = seen.len();

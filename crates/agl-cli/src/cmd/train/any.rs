@@ -169,7 +169,7 @@ impl ValSummary {
         for f in finished {
             let j = Judged::from_spans(f);
             if j.reward.is_none() {
-                if succeeded(f) {
+                if f.succeeded() {
                     unrewarded += 1;
                 } else {
                     failed += 1;
@@ -189,12 +189,6 @@ impl ValSummary {
             seconds,
         }
     }
-}
-
-fn succeeded(f: &FinishedRollout) -> bool {
-    f.attempt
-        .as_ref()
-        .is_some_and(|a| a.status == agl_core::AttemptStatus::Succeeded)
 }
 
 /// Mean and the half-width of its 95% interval (normal approximation; 0 for fewer than 2).
@@ -819,7 +813,7 @@ impl LoopObserver for AnyPrinter {
                      (`agl store inspect`, the dashboard)",
                     point.step,
                     outcome.finished.len()
-                        - outcome.finished.iter().filter(|f| succeeded(f)).count()
+                        - outcome.finished.iter().filter(|f| f.succeeded()).count()
                 );
             }
         });
