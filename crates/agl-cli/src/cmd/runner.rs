@@ -228,17 +228,7 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         Some(p) => Some(crate::kernel::open_recorder(p)?),
         None => None,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let client = crate::remote::client(&args.store_url, args.token.auth_token.clone())?;
-    rt.block_on(crate::remote::wait_for_server(
-        &client,
-        Duration::from_secs_f64(args.connect_timeout),
-    ))?;
-    let store: Arc<dyn LightningStore> = Arc::new(client);
+    let (rt, store) = connect(&args)?;
     let resolver: Arc<dyn RunnerResolver> = Arc::new(ResourceRunners {
         data,
         threads: args.workers,
@@ -332,11 +322,11 @@ fn exec_config(args: &RunnerArgs) -> anyhow::Result<ExecConfig> {
     Ok(config)
 }
 
-/// Runs `agl runner --exec CMD`: exec workers until SIGTERM/Ctrl-C or until every worker
-/// stopped on an error.
-#[cfg(unix)]
-fn run_exec(args: RunnerArgs) -> anyhow::Result<ExitCode> {
-    let config = exec_config(&args)?;
+/// The runtime of a runner process and its store, once the server answers its health check
+/// (within `--connect-timeout`).
+fn connect(
+    args: &RunnerArgs,
+) -> anyhow::Result<(tokio::runtime::Runtime, Arc<dyn LightningStore>)> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -347,7 +337,15 @@ fn run_exec(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         &client,
         Duration::from_secs_f64(args.connect_timeout),
     ))?;
-    let store: Arc<dyn LightningStore> = Arc::new(client);
+    Ok((rt, Arc::new(client)))
+}
+
+/// Runs `agl runner --exec CMD`: exec workers until SIGTERM/Ctrl-C or until every worker
+/// stopped on an error.
+#[cfg(unix)]
+fn run_exec(args: RunnerArgs) -> anyhow::Result<ExitCode> {
+    let config = exec_config(&args)?;
+    let (rt, store) = connect(&args)?;
     let pid = std::process::id();
     let (report, errors) = rt.block_on(async {
         let stop = CancellationToken::new();
