@@ -68,11 +68,7 @@ fn bad_flags_are_one_line_errors() {
 
 #[test]
 fn bad_datasets_name_the_file_and_line() {
-    if !agl(&["model", "pull", "smollm2-135m-instruct"])
-        .status
-        .success()
-    {
-        eprintln!("SKIP: the built-in model is unobtainable here");
+    if !common::model_available() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -116,10 +112,7 @@ fn bad_datasets_name_the_file_and_line() {
 /// adapter it leaves is served by `agl llm serve --adapter`.
 #[test]
 fn a_shell_agent_is_trained_for_one_step_and_its_adapter_served() {
-    use std::io::{BufRead, BufReader, Read, Write};
-    if !agl(&["model", "pull", "smollm2-135m-instruct"])
-        .status
-        .success()
+    if !common::model_available()
         || std::process::Command::new("curl")
             .arg("--version")
             .output()
@@ -196,38 +189,9 @@ case "$out" in *'"content":"'*[0-9]*) echo '{"reward": 1}';; *) echo '{"reward":
         assert!(fin.join(f).is_file(), "{f}");
     }
     // The adapter is served.
-    let mut serve = common::agl_command()
-        .args([
-            "llm",
-            "serve",
-            "--port",
-            "0",
-            "--adapter",
-            &format!("trained={}", fin.display()),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = serve.stdout.take().unwrap();
-    let serve = common::Reaper(serve);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let (serve, addr) = common::serve_adapter("trained", &fin);
     let body = r#"{"model":"trained","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}"#;
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
+    let answer = common::http(&addr, "POST", "/v1/chat/completions", Some(body));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"model\":\"trained\""), "{answer}");
     drop(serve);

@@ -5,24 +5,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
-use common::{agl, assert_one_line_error, stderr};
+use common::{agl, assert_one_line_error, http, model_available, serve_adapter, stderr};
 use serde_json::Value;
-
-fn model_available() -> bool {
-    let o = agl(&["model", "pull", "smollm2-135m-instruct"]);
-    if !o.status.success() {
-        eprintln!(
-            "SKIP: the built-in model is unobtainable here: {}",
-            stderr(&o)
-        );
-    }
-    o.status.success()
-}
 
 #[test]
 fn bad_llm_training_flags_are_one_line_errors() {
@@ -61,33 +47,9 @@ fn bad_llm_training_flags_are_one_line_errors() {
 
 /// The first `/v1/models` answer of `agl llm serve --adapter policy=DIR`.
 fn served_models(adapter: &Path) -> Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agl"))
-        .args(["llm", "serve", "--port", "0", "--adapter"])
-        .arg(format!("policy={}", adapter.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
-        .to_string();
-    let mut stream = TcpStream::connect(&addr).unwrap();
-    write!(
-        stream,
-        "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    let (server, addr) = serve_adapter("policy", adapter);
+    let response = http(&addr, "GET", "/v1/models", None);
+    drop(server);
     let body = response.split("\r\n\r\n").nth(1).unwrap_or("");
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
 }

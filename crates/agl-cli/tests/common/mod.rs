@@ -2,7 +2,7 @@
 //! a clean environment, and judge its one-line errors.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
@@ -90,4 +90,56 @@ pub fn assert_one_line_failure(o: &Output, needle: &str) {
 /// A JSON file, parsed.
 pub fn json_file(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Whether the built-in model is in the cache or can be pulled (`agl model pull
+/// smollm2-135m-instruct`); when not, says SKIP and why.
+pub fn model_available() -> bool {
+    let o = agl(&["model", "pull", "smollm2-135m-instruct"]);
+    if !o.status.success() {
+        eprintln!(
+            "SKIP: the built-in model is unobtainable here: {}",
+            stderr(&o)
+        );
+    }
+    o.status.success()
+}
+
+/// Starts `agl llm serve --port 0 --adapter NAME=DIR` and returns it with its address
+/// (`127.0.0.1:PORT`, read from its listening line).
+pub fn serve_adapter(name: &str, dir: &Path) -> (Reaper, String) {
+    let mut child = agl_command()
+        .args(["llm", "serve", "--port", "0", "--adapter"])
+        .arg(format!("{name}={}", dir.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let server = Reaper(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+        .to_string();
+    (server, addr)
+}
+
+/// One HTTP/1.1 request to `addr` (`Connection: close`; a body is sent as JSON) and the whole
+/// response, status line and headers included.
+pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let body = body.unwrap_or("");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
 }
