@@ -263,6 +263,113 @@ impl ChatTemplate {
     }
 }
 
+/// What kind of problem [`prepare_message`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// The message is not a JSON object.
+    NotAnObject,
+    /// A field has the wrong type or is not valid JSON.
+    Invalid,
+    /// A content part that is not text.
+    Unsupported,
+}
+
+/// A message [`prepare_message`] cannot render: the field it is about (`messages[2].role`) and
+/// what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageProblem {
+    /// The kind of problem.
+    pub kind: ProblemKind,
+    /// The field, e.g. `messages[1].tool_calls[0].function.arguments`.
+    pub param: String,
+    /// One line naming the field and what is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for MessageProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Prepares OpenAI chat message `i` for [`ChatTemplate::render`] as vLLM does: `role` must be
+/// a string; a `null` or missing `content` becomes empty text (LangChain sends `null` next to
+/// `tool_calls`); each `tool_calls[j].function.arguments` JSON string is parsed into its value,
+/// so a template's `tojson` does not encode it twice; a list of text parts is joined with
+/// `"\n"`.
+///
+/// # Errors
+/// [`MessageProblem`] naming the field: not an object, a role that is not a string, arguments
+/// that are not valid JSON, a content part that is not text.
+pub fn prepare_message(
+    i: usize,
+    m: &mut serde_json::Value,
+) -> std::result::Result<(), MessageProblem> {
+    use serde_json::Value as J;
+    let problem = |kind, param: String, message: String| MessageProblem {
+        kind,
+        param,
+        message,
+    };
+    let Some(obj) = m.as_object_mut() else {
+        return Err(problem(
+            ProblemKind::NotAnObject,
+            format!("messages[{i}]"),
+            format!("invalid type for `messages[{i}]`: a message must be an object"),
+        ));
+    };
+    if !obj.get("role").is_some_and(J::is_string) {
+        return Err(problem(
+            ProblemKind::Invalid,
+            format!("messages[{i}].role"),
+            format!("`messages[{i}].role` must be a string"),
+        ));
+    }
+    if obj.get("content").is_none_or(J::is_null) {
+        obj.insert("content".into(), J::String(String::new()));
+    }
+    if let Some(J::Array(calls)) = obj.get_mut("tool_calls") {
+        for (j, call) in calls.iter_mut().enumerate() {
+            let Some(args) = call
+                .get_mut("function")
+                .and_then(|f| f.get_mut("arguments"))
+            else {
+                continue;
+            };
+            if let J::String(text) = args {
+                let parsed: J = serde_json::from_str(text).map_err(|e| {
+                    let param = format!("messages[{i}].tool_calls[{j}].function.arguments");
+                    let message = format!("`{param}` is not valid JSON: {e}");
+                    problem(ProblemKind::Invalid, param, message)
+                })?;
+                *args = parsed;
+            }
+        }
+    }
+    if let Some(J::Array(parts)) = obj.get("content") {
+        let mut texts = Vec::with_capacity(parts.len());
+        for (j, part) in parts.iter().enumerate() {
+            match (
+                part.get("type").and_then(J::as_str),
+                part.get("text").and_then(J::as_str),
+            ) {
+                (Some("text"), Some(t)) => texts.push(t.to_string()),
+                _ => {
+                    return Err(problem(
+                        ProblemKind::Unsupported,
+                        format!("messages[{i}].content[{j}]"),
+                        "only text content parts (`{\"type\": \"text\", \"text\": …}`) are \
+                         supported"
+                            .to_string(),
+                    ));
+                }
+            }
+        }
+        obj.insert("content".into(), J::String(texts.join("\n")));
+    }
+    Ok(())
+}
+
 /// The error of a model without a chat template, for callers to return from chat endpoints.
 pub fn no_template_error() -> LlmError {
     LlmError::ChatTemplate("the model has no chat template; use /v1/completions".to_string())

@@ -67,6 +67,10 @@ pub enum TrainError {
     /// not serialise to JSON); nothing was recorded.
     #[error("cannot emit: {0}")]
     Emit(String),
+    /// An update had nothing to learn from (SFT: no rollout with a reward, nothing selected;
+    /// no demonstration); nothing was trained.
+    #[error("nothing to learn: {0}")]
+    NothingToLearn(String),
     /// The span→triplet adapter was given no spans (Agent Lightning raises `ValueError`).
     #[error("no spans to adapt: the trace is empty")]
     EmptyTrace,

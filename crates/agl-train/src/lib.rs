@@ -47,9 +47,14 @@
 //! and [`clip_grad_norm`] are the GRPO maths every learner shares; [`checkpoint`] writes a
 //! checkpoint directory atomically.
 //!
-//! [`LlmLoop`] is the loop that drives it through a store for any agent and task: batches of
-//! rollouts ([`run_batch`] over a [`RunnerPool`], e.g. [`InProcessRunners`]), triplets,
-//! advantages, one update per step, the next adapter version published through
+//! [`LlmSft`] trains the same adapter by supervised fine-tuning: the top fraction of a step's
+//! samples by reward ([`select_top_fraction`], Agent Lightning's Unsloth example), or OpenAI
+//! chat-format demonstrations tokenised with the model's template ([`demonstrations`]). Both
+//! are [`Learner`]s.
+//!
+//! [`LlmLoop`] is the loop that drives a [`Learner`] through a store for any agent and task:
+//! batches of rollouts ([`run_batch`] over a [`RunnerPool`], e.g. [`InProcessRunners`]),
+//! triplets, one update per step, the next adapter version published through
 //! [`PolicyServing`] (the serving side, implemented where the engine and gateway are wired),
 //! checkpoints ([`save_checkpoint`], [`TrainerState`]) and progress ([`LoopObserver`]).
 //!
@@ -67,6 +72,7 @@
 
 pub mod checkpoint;
 pub mod dataset;
+pub mod demonstrations;
 pub mod emitter;
 pub mod environment;
 pub mod error;
@@ -74,8 +80,10 @@ pub mod error;
 pub mod exec_runner;
 pub mod grpo;
 pub mod instrument;
+pub mod learner;
 pub mod llm_grpo;
 pub mod llm_loop;
+pub mod llm_sft;
 pub mod reward;
 pub mod rollout_batch;
 pub mod runner;
@@ -84,6 +92,7 @@ pub mod training_mode;
 pub mod violation;
 
 pub use dataset::load_dataset;
+pub use demonstrations::{Demonstration, demonstration_samples, load_demonstrations};
 pub use emitter::{
     EmitterConfig, EmitterStats, FlightRecorderEmitter, LightningSpan, ViolationSummary,
     create_emitter,
@@ -101,6 +110,7 @@ pub use exec_runner::{
 };
 pub use grpo::{clip_grad_norm, group_advantages};
 pub use instrument::{AGENT_NAME_ATTR, Operation};
+pub use learner::Learner;
 pub use llm_grpo::{
     LlmGrpo, LlmGrpoConfig, LlmStepStats, TokenSample, assign_advantages, samples_from_triplets,
 };
@@ -108,6 +118,7 @@ pub use llm_loop::{
     Judged, LlmLoop, LlmLoopConfig, LoopObserver, PolicyServing, StepOutcome, StepStats,
     TRAINER_STATE, TrainerState, policy_version, save_checkpoint,
 };
+pub use llm_sft::{DEFAULT_TOP_FRACTION, LlmSft, LlmSftConfig, select_top_fraction};
 pub use reward::{
     BaseRewardFn, CompositeReward, PolicyReward, RewardBreakdown, RewardComponent, RewardConfig,
     RewardStats, create_policy_reward, policy_penalty,

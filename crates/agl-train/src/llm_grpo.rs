@@ -481,17 +481,17 @@ impl std::fmt::Debug for LlmGrpo {
 
 /// One forward/backward pass: a shared prompt and the continuations of the samples that
 /// share it, right-padded to the same length.
-struct MicroBatch {
+pub(crate) struct MicroBatch {
     /// `[1, P]`.
-    prefix: Tensor,
+    pub(crate) prefix: Tensor,
     /// `[g, S]`.
-    suffixes: Tensor,
+    pub(crate) suffixes: Tensor,
     /// `[g, S]`: the sampler's log-probabilities (0 where masked).
-    old: Tensor,
+    pub(crate) old: Tensor,
     /// `[g, S]`: 1 for trained tokens.
-    mask: Tensor,
+    pub(crate) mask: Tensor,
     /// `[g, 1]`.
-    adv: Tensor,
+    pub(crate) adv: Tensor,
 }
 
 /// The continuation of a sample: its tokens after the prompt.
@@ -503,7 +503,7 @@ fn continuation(s: &TokenSample) -> usize {
 /// order; each group's samples by ascending continuation length, cut into runs of at most
 /// `max_rows` samples and `max_cells` attention cells (`P² + rows · S · (P + S)`; a sample
 /// over budget on its own goes alone).
-fn chunk_by_prompt<'a>(
+pub(crate) fn chunk_by_prompt<'a>(
     samples: &[&'a TokenSample],
     max_rows: usize,
     max_cells: usize,
@@ -536,6 +536,78 @@ fn chunk_by_prompt<'a>(
         }
     }
     out
+}
+
+/// The tensors of one pass over `samples` (which share their prompt: [`chunk_by_prompt`]).
+///
+/// # Errors
+/// [`TrainError::Config`] for an empty run or a sample without prompt or response tokens.
+pub(crate) fn micro_batch(
+    device: &candle_core::Device,
+    samples: &[&TokenSample],
+) -> Result<MicroBatch, TrainError> {
+    let Some(first) = samples.first() else {
+        return Err(TrainError::Config("an empty micro-batch".into()));
+    };
+    let p = first.prompt_len;
+    let n = samples.iter().map(|s| continuation(s)).max().unwrap_or(0);
+    if p == 0 || n == 0 {
+        return Err(TrainError::Config(
+            "a sample needs prompt tokens and response tokens after them".into(),
+        ));
+    }
+    let g = samples.len();
+    let mut suffixes = vec![0u32; g * n];
+    let mut old = vec![0f32; g * n];
+    let mut mask = vec![0f32; g * n];
+    let mut adv = vec![0f32; g];
+    for (i, s) in samples.iter().enumerate() {
+        let cont = &s.tokens[s.prompt_len..];
+        suffixes[i * n..i * n + cont.len()].copy_from_slice(cont);
+        // Right padding repeats the last token; the causal mask keeps it from touching the
+        // positions that count, and its positions have mask 0.
+        if let Some(&last) = cont.last() {
+            for x in &mut suffixes[i * n + cont.len()..(i + 1) * n] {
+                *x = last;
+            }
+        }
+        for (k, (&m, &lp)) in s.loss_mask.iter().zip(&s.old_logprobs).enumerate() {
+            mask[i * n + k] = if m { 1.0 } else { 0.0 };
+            old[i * n + k] = lp;
+        }
+        adv[i] = s.advantage as f32;
+    }
+    Ok(MicroBatch {
+        prefix: Tensor::new(&first.tokens[..p], device)?.unsqueeze(0)?,
+        suffixes: Tensor::from_vec(suffixes, (g, n), device)?,
+        old: Tensor::from_vec(old, (g, n), device)?,
+        mask: Tensor::from_vec(mask, (g, n), device)?,
+        adv: Tensor::from_vec(adv, (g, 1), device)?,
+    })
+}
+
+/// Adds `grads` into `acc` for every variable of `vars` (the sum over micro-batches).
+///
+/// # Errors
+/// Tensor errors.
+pub(crate) fn accumulate(
+    acc: Option<candle_core::backprop::GradStore>,
+    grads: candle_core::backprop::GradStore,
+    vars: &[Var],
+) -> Result<candle_core::backprop::GradStore, TrainError> {
+    let Some(mut a) = acc else {
+        return Ok(grads);
+    };
+    for v in vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            let sum = match a.get(v.as_tensor()) {
+                Some(prev) => (prev + g)?,
+                None => g.clone(),
+            };
+            a.insert(v.as_tensor(), sum);
+        }
+    }
+    Ok(a)
 }
 
 impl LlmGrpo {
@@ -587,48 +659,6 @@ impl LlmGrpo {
         &self.adapter
     }
 
-    fn micro_batch(&self, samples: &[&TokenSample]) -> Result<MicroBatch, TrainError> {
-        let device = self.model.device();
-        let Some(first) = samples.first() else {
-            return Err(TrainError::Config("an empty micro-batch".into()));
-        };
-        let p = first.prompt_len;
-        let n = samples.iter().map(|s| continuation(s)).max().unwrap_or(0);
-        if p == 0 || n == 0 {
-            return Err(TrainError::Config(
-                "a sample needs prompt tokens and response tokens after them".into(),
-            ));
-        }
-        let g = samples.len();
-        let mut suffixes = vec![0u32; g * n];
-        let mut old = vec![0f32; g * n];
-        let mut mask = vec![0f32; g * n];
-        let mut adv = vec![0f32; g];
-        for (i, s) in samples.iter().enumerate() {
-            let cont = &s.tokens[s.prompt_len..];
-            suffixes[i * n..i * n + cont.len()].copy_from_slice(cont);
-            // Right padding repeats the last token; the causal mask keeps it from touching the
-            // positions that count, and its positions have mask 0.
-            if let Some(&last) = cont.last() {
-                for x in &mut suffixes[i * n + cont.len()..(i + 1) * n] {
-                    *x = last;
-                }
-            }
-            for (k, (&m, &lp)) in s.loss_mask.iter().zip(&s.old_logprobs).enumerate() {
-                mask[i * n + k] = if m { 1.0 } else { 0.0 };
-                old[i * n + k] = lp;
-            }
-            adv[i] = s.advantage as f32;
-        }
-        Ok(MicroBatch {
-            prefix: Tensor::new(&first.tokens[..p], device)?.unsqueeze(0)?,
-            suffixes: Tensor::from_vec(suffixes, (g, n), device)?,
-            old: Tensor::from_vec(old, (g, n), device)?,
-            mask: Tensor::from_vec(mask, (g, n), device)?,
-            adv: Tensor::from_vec(adv, (g, 1), device)?,
-        })
-    }
-
     /// One update on `samples` (advantages set; see the module docs).
     ///
     /// # Errors
@@ -657,7 +687,7 @@ impl LlmGrpo {
             self.config.micro_batch_cells,
         )
         .iter()
-        .map(|c| self.micro_batch(c))
+        .map(|c| micro_batch(self.model.device(), c))
         .collect::<Result<_, _>>()?;
         let denom = total_tokens as f64;
         let (lo, hi) = (1.0 - self.config.clip_low, 1.0 + self.config.clip_high);
@@ -700,21 +730,7 @@ impl LlmGrpo {
                 let backward_started = Instant::now();
                 stats.forward_seconds += (backward_started - forward_started).as_secs_f64();
                 let grads = loss.backward()?;
-                acc = Some(match acc {
-                    None => grads,
-                    Some(mut a) => {
-                        for v in &self.vars {
-                            if let Some(g) = grads.get(v.as_tensor()) {
-                                let sum = match a.get(v.as_tensor()) {
-                                    Some(prev) => (prev + g)?,
-                                    None => g.clone(),
-                                };
-                                a.insert(v.as_tensor(), sum);
-                            }
-                        }
-                        a
-                    }
-                });
+                acc = Some(accumulate(acc, grads, &self.vars)?);
                 stats.backward_seconds += backward_started.elapsed().as_secs_f64();
             }
             let Some(mut grads) = acc else { break };

@@ -13,8 +13,12 @@
 //!    by another adapter version than the one being trained are dropped and counted as stale
 //!    (never importance-weighted: the loop is synchronous, so none is expected); calls without
 //!    token ids are refused and counted;
-//! 4. builds multi-turn samples, group-relative advantages (a group is one task's G rollouts)
-//!    and does one LoRA GRPO update ([`LlmGrpo::step`]);
+//! 4. builds multi-turn samples and hands them to the [`Learner`]: [`LlmGrpo`] computes
+//!    group-relative advantages (a group is one task's G rollouts) and does one LoRA GRPO
+//!    update, [`crate::LlmSft`] keeps the best samples and does one supervised update. A
+//!    learner with nothing to learn from ([`TrainError::NothingToLearn`]: SFT with no rewarded
+//!    rollout) stops the loop; the adapter trained so far is saved as `step-N/` first (when a
+//!    step of this run was done and there is a checkpoint directory), so nothing is lost;
 //! 5. publishes the new adapter as `policy-v{s+1}`, retires the old one, and every
 //!    [`LlmLoopConfig::checkpoint_every`] steps saves `step-{s+1}/`; after the last step it
 //!    saves `final/` ([`save_checkpoint`]: the adapter in PEFT's layout and
@@ -36,10 +40,14 @@ use agl_llm::LoraAdapter;
 use agl_store::LightningStore;
 use serde::{Deserialize, Serialize};
 
+#[cfg(doc)]
+use crate::LlmGrpo;
+use crate::learner::Learner;
+use crate::llm_sft::LlmSftConfig;
 use crate::rollout_batch::{BatchPlan, FinishedRollout, RunnerPool, run_batch};
 use crate::{
-    LlmGrpo, LlmGrpoConfig, LlmStepStats, PolicyReward, TracerTraceToTriplet, TrainError,
-    TrainingMode, assign_advantages, samples_from_triplets,
+    LlmGrpoConfig, LlmStepStats, PolicyReward, TracerTraceToTriplet, TrainError, TrainingMode,
+    samples_from_triplets,
 };
 
 /// What the loop needs from the side that serves the policy: where the agents' calls go, and
@@ -90,6 +98,17 @@ pub struct TrainerState {
     pub tasks_per_step: usize,
     /// G.
     pub group_size: usize,
+    /// The algorithm that trained the adapter: `grpo` (the default, also of checkpoints
+    /// written before the field existed) or `sft`.
+    #[serde(default = "default_algorithm")]
+    pub algorithm: String,
+    /// The SFT settings (`sft` runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sft: Option<LlmSftConfig>,
+}
+
+fn default_algorithm() -> String {
+    "grpo".into()
 }
 
 impl TrainerState {
@@ -314,7 +333,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
     /// update, serving, checkpoint and observer errors.
     pub async fn run(
         &self,
-        grpo: &mut LlmGrpo,
+        grpo: &mut dyn Learner,
         state: &TrainerState,
         observer: &mut dyn LoopObserver,
     ) -> Result<String, TrainError> {
@@ -322,10 +341,13 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
         if self.tasks.is_empty() {
             return Err(TrainError::Config("no training tasks".into()));
         }
-        if c.group_size < 2 {
-            return Err(TrainError::Config(
-                "group_size must be at least 2 (advantages are group-relative)".into(),
-            ));
+        let least = grpo.min_group_size();
+        if c.group_size < least {
+            return Err(TrainError::Config(format!(
+                "group_size must be at least {least} for {} (GRPO's advantages are \
+                 group-relative)",
+                grpo.algorithm()
+            )));
         }
         let base = self.serving.base_model();
         let mut served = if c.start_step == 0 {
@@ -335,7 +357,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
             self.serving.publish(&name, grpo.adapter())?;
             name
         };
-        let checkpoint = |dir: &Path, grpo: &LlmGrpo, step: usize| {
+        let checkpoint = |dir: &Path, grpo: &dyn Learner, step: usize| {
             save_checkpoint(
                 dir,
                 grpo.adapter(),
@@ -371,7 +393,24 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 })
                 .await?;
             let judged: Vec<Judged> = finished.iter().map(|f| (self.judge)(f)).collect();
-            let mut stats = self.learn(grpo, &finished, &judged, step, &served)?;
+            let mut stats = match self.learn(grpo, &finished, &judged, step, &served) {
+                Ok(s) => s,
+                Err(TrainError::NothingToLearn(why)) => {
+                    let kept = match &c.checkpoint_dir {
+                        Some(dir) if step > c.start_step => {
+                            let at = dir.join(format!("step-{step}"));
+                            checkpoint(&at, &*grpo, step)?;
+                            format!("; the adapter of step {step} is saved in {}", at.display())
+                        }
+                        _ => String::new(),
+                    };
+                    return Err(TrainError::NothingToLearn(format!(
+                        "step {}: {why}; nothing was trained{kept}",
+                        step + 1
+                    )));
+                }
+                Err(e) => return Err(e),
+            };
             let next = policy_version(step + 1);
             self.serving.publish(&next, grpo.adapter())?;
             if served != base {
@@ -383,7 +422,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 && c.checkpoint_every
                     .is_some_and(|k| k > 0 && done % k == 0 && done < c.steps)
             {
-                checkpoint(&dir.join(format!("step-{done}")), grpo, done)?;
+                checkpoint(&dir.join(format!("step-{done}")), &*grpo, done)?;
             }
             stats.step = done;
             stats.rollout_seconds = rollout_seconds;
@@ -403,16 +442,16 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
             })?;
         }
         if let Some(dir) = &c.checkpoint_dir {
-            checkpoint(&dir.join("final"), grpo, c.steps.max(c.start_step))?;
+            checkpoint(&dir.join("final"), &*grpo, c.steps.max(c.start_step))?;
         }
         Ok(served)
     }
 
-    /// Triplets → samples → advantages → one update, for one step's rollouts (in enqueue
+    /// Triplets → samples → one update of the learner, for one step's rollouts (in enqueue
     /// order: G consecutive rollouts per task).
     fn learn(
         &self,
-        grpo: &mut LlmGrpo,
+        grpo: &mut dyn Learner,
         finished: &[FinishedRollout],
         judged: &[Judged],
         step: usize,
@@ -454,12 +493,11 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 reward,
             )?);
         }
-        assign_advantages(&mut samples, &rewards);
         let informative_groups = group_rewards
             .values()
             .filter(|rs| rs.iter().any(|r| (r - rs[0]).abs() > 1e-9))
             .count();
-        let update = grpo.step(&samples)?;
+        let update = grpo.update(samples, &rewards)?;
         Ok(StepStats {
             informative_groups,
             refused_calls: refused,
@@ -489,6 +527,8 @@ mod tests {
             grpo: LlmGrpoConfig::default(),
             tasks_per_step: 2,
             group_size: 4,
+            algorithm: "grpo".into(),
+            sft: None,
         }
     }
 

@@ -37,6 +37,7 @@ use super::types::{
     ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob, Delta, ToolCall, TopLogprob, Usage,
 };
 use super::{AppState, from_value, parse_body};
+use crate::chat::ProblemKind;
 use crate::engine::{Engine, FinishReason, StopReason, TokenLogprob};
 
 const ENDPOINT: &str = "/v1/chat/completions";
@@ -69,54 +70,13 @@ fn normalize_messages(messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
         .into_iter()
         .enumerate()
         .map(|(i, mut m)| {
-            let Some(obj) = m.as_object_mut() else {
-                return Err(ApiError::bad_request(
-                    "invalid_type",
-                    Some(&format!("messages[{i}]")),
-                    format!("invalid type for `messages[{i}]`: a message must be an object"),
-                ));
-            };
-            if !obj.get("role").is_some_and(Value::is_string) {
-                return Err(ApiError::invalid(&format!("messages[{i}].role"), format!("`messages[{i}].role` must be a string")));
-            }
-            if obj.get("content").is_none_or(Value::is_null) {
-                obj.insert("content".into(), Value::String(String::new()));
-            }
-            if let Some(Value::Array(calls)) = obj.get_mut("tool_calls") {
-                for (j, call) in calls.iter_mut().enumerate() {
-                    let Some(args) = call.get_mut("function").and_then(|f| f.get_mut("arguments"))
-                    else {
-                        continue;
-                    };
-                    if let Value::String(text) = args {
-                        let parsed: Value = serde_json::from_str(text).map_err(|e| {
-                            ApiError::invalid(
-                                &format!("messages[{i}].tool_calls[{j}].function.arguments"),
-                                format!(
-                                    "`messages[{i}].tool_calls[{j}].function.arguments` is not \
-                                     valid JSON: {e}"
-                                ),
-                            )
-                        })?;
-                        *args = parsed;
-                    }
+            crate::chat::prepare_message(i, &mut m).map_err(|p| match p.kind {
+                ProblemKind::NotAnObject => {
+                    ApiError::bad_request("invalid_type", Some(&p.param), p.message)
                 }
-            }
-            if let Some(Value::Array(parts)) = obj.get("content") {
-                let mut texts = Vec::with_capacity(parts.len());
-                for (j, part) in parts.iter().enumerate() {
-                    match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => texts.push(t.to_string()),
-                        _ => {
-                            return Err(ApiError::unsupported(
-                                &format!("messages[{i}].content[{j}]"),
-                                "only text content parts (`{\"type\": \"text\", \"text\": …}`) are supported",
-                            ));
-                        }
-                    }
-                }
-                obj.insert("content".into(), Value::String(texts.join("\n")));
-            }
+                ProblemKind::Invalid => ApiError::invalid(&p.param, p.message),
+                ProblemKind::Unsupported => ApiError::unsupported(&p.param, p.message),
+            })?;
             Ok(m)
         })
         .collect()

@@ -61,9 +61,9 @@ use agl_gov::{BuildEnv, PolicyFile};
 use agl_spider::CurvePoint;
 use agl_store::LightningStore;
 use agl_train::{
-    BatchPlan, ExternalRunners, FinishedRollout, Judged, LlmLoop, LlmLoopConfig, LoopObserver,
-    PolicyReward, PolicyServing, RewardConfig, RunnerPool, StepOutcome, TracerTraceToTriplet,
-    TrainingMode,
+    BatchPlan, ExternalRunners, FinishedRollout, Judged, Learner, LlmLoop, LlmLoopConfig,
+    LoopObserver, PolicyReward, PolicyServing, RewardConfig, RunnerPool, StepOutcome, TokenSample,
+    TracerTraceToTriplet, TrainerState, TrainingMode,
 };
 use anyhow::{Context, bail};
 use indicatif::ProgressBar;
@@ -72,8 +72,8 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use super::llm::{
-    LlmTrainArgs, SharedArgs, checked, engine_spec, learner, loop_config, resume_state,
-    rollouts_to_run,
+    LlmTrainArgs, SharedArgs, checked, engine_spec, initial_adapter, learner, loop_config,
+    resume_state, rollouts_to_run, trainer_state,
 };
 use crate::llm_stage::EngineServing;
 use crate::out::progress::progress_bar;
@@ -84,6 +84,51 @@ pub enum Algorithm {
     /// GRPO on a LoRA adapter of the served model (group-relative advantages over
     /// --group-size rollouts of each task).
     Grpo,
+    /// Supervised fine-tuning of a LoRA adapter: on the best --sft-top-fraction of each step's
+    /// rollouts by reward (Agent Lightning's Unsloth example), or on --demonstrations.
+    Sft,
+}
+
+impl Algorithm {
+    /// The name in reports and checkpoints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Grpo => "grpo",
+            Algorithm::Sft => "sft",
+        }
+    }
+}
+
+/// What the learner trains on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Rollouts of these tasks (`--train-dataset`).
+    Tasks(PathBuf),
+    /// These demonstrations (`--demonstrations`, SFT only): no training rollouts.
+    Demonstrations(PathBuf),
+}
+
+impl Source {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Source::Tasks(p) | Source::Demonstrations(p) => p,
+        }
+    }
+}
+
+/// The learner of a run.
+enum Trainee {
+    Grpo(agl_train::LlmGrpo),
+    Sft(agl_train::LlmSft),
+}
+
+impl Trainee {
+    fn learner(&mut self) -> &mut dyn Learner {
+        match self {
+            Trainee::Grpo(g) => g,
+            Trainee::Sft(s) => s,
+        }
+    }
 }
 
 /// Who runs the rollouts (`--runner`).
@@ -114,8 +159,11 @@ pub fn parse_runner(s: &str) -> Result<RunnerSpec, String> {
 pub struct AnyArgs {
     /// The algorithm.
     pub algorithm: Algorithm,
-    /// Train tasks.
-    pub train_dataset: PathBuf,
+    /// Train tasks, or demonstrations.
+    pub source: Source,
+    /// SFT's selection (`--sft-top-fraction`, `--sft-min-reward`); its optimiser settings
+    /// come from the shared flags.
+    pub sft: agl_train::LlmSftConfig,
     /// Validation tasks.
     pub val_dataset: Option<PathBuf>,
     /// Who runs the rollouts.
@@ -273,7 +321,10 @@ struct AnyReportConfig<'a> {
     lora_rank: usize,
     lora_alpha: f64,
     lora_targets: Vec<String>,
-    grpo: &'a agl_train::LlmGrpoConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpo: Option<&'a agl_train::LlmGrpoConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sft: Option<agl_train::LlmSftConfig>,
     train_roles: Option<Vec<String>>,
     llm_resource: &'a str,
     keep_order: bool,
@@ -285,8 +336,10 @@ struct AnyReportConfig<'a> {
 
 #[derive(Debug, Serialize)]
 struct AnyData {
-    train_dataset: String,
+    train_dataset: Option<String>,
     train_tasks: usize,
+    demonstrations: Option<String>,
+    demonstration_examples: usize,
     val_dataset: Option<String>,
     val_tasks: usize,
 }
@@ -319,7 +372,25 @@ fn agent_match(roles: Option<&str>) -> anyhow::Result<Option<(Vec<String>, Strin
 /// Runs `agl train --algorithm …`.
 pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
-    let settings = checked(&shared, &args)?;
+    let min_group = match any.algorithm {
+        Algorithm::Grpo => 2,
+        Algorithm::Sft => 1,
+    };
+    let settings = checked(&shared, &args, min_group)?;
+    if any.algorithm == Algorithm::Sft {
+        anyhow::ensure!(
+            any.sft.top_fraction > 0.0 && any.sft.top_fraction <= 1.0,
+            "--sft-top-fraction must be in (0, 1]"
+        );
+        anyhow::ensure!(
+            any.sft.min_reward.is_none_or(f64::is_finite),
+            "--sft-min-reward must be a finite number"
+        );
+        anyhow::ensure!(
+            shared.resume.is_none(),
+            "--resume continues GRPO runs; start SFT from an adapter with --init-adapter DIR"
+        );
+    }
     if shared.compare {
         bail!("--compare is not available with --algorithm yet: train once per --governance mode");
     }
@@ -346,13 +417,24 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
     let mode = shared.modes[0];
     let resume = resume_state(&shared, &args)?;
     let roles = agent_match(args.train_roles.as_deref())?;
-    let mut train = agl_train::load_dataset(&any.train_dataset)
-        .map_err(|e| anyhow::anyhow!("--train-dataset: {e}"))?;
+    let mut train = match &any.source {
+        Source::Tasks(p) => {
+            agl_train::load_dataset(p).map_err(|e| anyhow::anyhow!("--train-dataset: {e}"))?
+        }
+        Source::Demonstrations(_) => Vec::new(),
+    };
+    let mut demos = match &any.source {
+        Source::Demonstrations(p) => agl_train::load_demonstrations(p)
+            .map_err(|e| anyhow::anyhow!("--demonstrations: {e}"))?,
+        Source::Tasks(_) => Vec::new(),
+    };
     if let Some(n) = shared.limit {
         train.truncate(n);
+        demos.truncate(n);
     }
     if !any.keep_order {
         train.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shared.seed));
+        demos.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shared.seed));
     }
     let val = match &any.val_dataset {
         Some(p) => {
@@ -510,7 +592,47 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         // penalties of the violations its attempt recorded (shaped in `enforce` only).
         let reward =
             PolicyReward::<(), ()>::new(RewardConfig::default()).with_shaping(mode.shapes_reward());
-        let (mut grpo, state) = learner(&engine, &shared, &args, &settings, mode, resume.as_ref())?;
+        let (mut trainee, state) = match any.algorithm {
+            Algorithm::Grpo => {
+                let (g, st) = learner(&engine, &shared, &args, &settings, mode, resume.as_ref())?;
+                (Trainee::Grpo(g), st)
+            }
+            Algorithm::Sft => {
+                let (adapter, vars, start) =
+                    initial_adapter(&engine, &shared, &args, &settings, None)?;
+                let config = agl_train::LlmSftConfig {
+                    learning_rate: shared.lr,
+                    max_grad_norm: settings.grpo.max_grad_norm,
+                    micro_batch: settings.grpo.micro_batch,
+                    micro_batch_cells: settings.grpo.micro_batch_cells,
+                    ..any.sft.clone()
+                };
+                let mut st =
+                    trainer_state(&shared, &args, &settings, mode, start, adapter.config());
+                st.algorithm = "sft".into();
+                st.sft = Some(config.clone());
+                let sft = agl_train::LlmSft::new(engine.model().clone(), adapter, vars, config)?;
+                (Trainee::Sft(sft), st)
+            }
+        };
+        let demo_samples = match &any.source {
+            Source::Demonstrations(p) => {
+                let template = engine.chat_template().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--demonstrations: the model has no chat template to render them with"
+                    )
+                })?;
+                agl_train::demonstration_samples(
+                    &demos,
+                    template,
+                    engine.tokenizer(),
+                    &p.display().to_string(),
+                    engine.max_context(),
+                )
+                .map_err(|e| anyhow::anyhow!("--demonstrations: {e}"))?
+            }
+            Source::Tasks(_) => Vec::new(),
+        };
         let start_step = state.step;
         let before_model = match &resume {
             Some((dir, st)) => {
@@ -524,47 +646,71 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         if before_model != base_name {
             serving.retire(&before_model);
         }
-        let training = LlmLoop {
-            config: LlmLoopConfig {
-                resources_prefix: run_id.clone(),
-                llm_resource: any.llm_resource.clone(),
-                checkpoint_dir: Some(checkpoint_root.clone()),
-                rollout_config: Some(rollout_config.clone()),
-                ..loop_config(&shared, &args, mode, start_step)
-            },
-            store: &store,
-            runners: pool.as_ref(),
-            serving: &serving,
-            triplets: &triplets,
-            tasks: &train,
-            judge: &|f| Judged::shaped(f, &reward),
-        };
         let mut printer = AnyPrinter {
             bar: progress_bar(
                 mode.as_str(),
-                rollouts_to_run(&shared, &args, start_step),
+                match any.source {
+                    Source::Tasks(_) => rollouts_to_run(&shared, &args, start_step),
+                    Source::Demonstrations(_) => (args.steps - start_step) as u64,
+                },
                 5,
             ),
             steps: args.steps,
             rollouts: 0,
             curve: Vec::new(),
         };
-        let served = training.run(&mut grpo, &state, &mut printer).await?;
+        let served = match (&mut trainee, &any.source) {
+            (Trainee::Sft(sft), Source::Demonstrations(_)) => fit_demonstrations(
+                sft,
+                &demo_samples,
+                &state,
+                &args,
+                &checkpoint_root,
+                shared.checkpoint_every,
+                &serving,
+                &mut printer,
+            )?,
+            _ => {
+                let training = LlmLoop {
+                    config: LlmLoopConfig {
+                        resources_prefix: run_id.clone(),
+                        llm_resource: any.llm_resource.clone(),
+                        checkpoint_dir: Some(checkpoint_root.clone()),
+                        rollout_config: Some(rollout_config.clone()),
+                        ..loop_config(&shared, &args, mode, start_step)
+                    },
+                    store: &store,
+                    runners: pool.as_ref(),
+                    serving: &serving,
+                    triplets: &triplets,
+                    tasks: &train,
+                    judge: &|f| Judged::shaped(f, &reward),
+                };
+                training
+                    .run(trainee.learner(), &state, &mut printer)
+                    .await?
+            }
+        };
         printer.bar.finish_and_clear();
         let after = validate(served.clone(), "after").await?;
         if served != base_name {
             serving.retire(&served);
         }
         server.shutdown().await?;
-        Ok::<_, anyhow::Error>((before, after, printer.curve, reward.stats()))
+        Ok::<_, anyhow::Error>((before, after, printer.curve, reward.stats(), state.sft))
     });
     engine.shutdown();
-    let (before, after, curve, reward_stats) = result?;
+    let (before, after, curve, reward_stats, sft_config) = result?;
     let seconds = started.elapsed().as_secs_f64();
     let adapter = checkpoint_root.join("final");
     print_table(before.as_ref(), after.as_ref(), &curve, seconds);
     println!("adapter: {}", adapter.display());
-    if let Some(path) = &shared.plot {
+    if let (Some(_), Source::Demonstrations(_)) = (&shared.plot, &any.source) {
+        eprintln!(
+            "no plot: --demonstrations trains without rollouts, so there is no reward curve (the \
+             report has the loss of each step)"
+        );
+    } else if let Some(path) = &shared.plot {
         let points: Vec<CurvePoint> = curve
             .iter()
             .map(|p| CurvePoint {
@@ -581,9 +727,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
     }
     if let Some(path) = &shared.report {
         let report = AnyReport {
-            algorithm: match any.algorithm {
-                Algorithm::Grpo => "grpo",
-            },
+            algorithm: any.algorithm.as_str(),
             seed: shared.seed,
             config: AnyReportConfig {
                 model: &args.model,
@@ -605,7 +749,8 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
                     .iter()
                     .map(|t| t.name().to_string())
                     .collect(),
-                grpo: &settings.grpo,
+                grpo: (any.algorithm == Algorithm::Grpo).then_some(&settings.grpo),
+                sft: sft_config,
                 train_roles: roles.map(|(names, _)| names),
                 llm_resource: &any.llm_resource,
                 keep_order: any.keep_order,
@@ -615,8 +760,12 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
                 resume: shared.resume.as_ref().map(|p| p.display().to_string()),
             },
             data: AnyData {
-                train_dataset: any.train_dataset.display().to_string(),
+                train_dataset: matches!(any.source, Source::Tasks(_))
+                    .then(|| any.source.path().display().to_string()),
                 train_tasks: train.len(),
+                demonstrations: matches!(any.source, Source::Demonstrations(_))
+                    .then(|| any.source.path().display().to_string()),
+                demonstration_examples: demos.len(),
                 val_dataset: any.val_dataset.as_ref().map(|p| p.display().to_string()),
                 val_tasks: val.len(),
             },
@@ -634,6 +783,70 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         eprintln!("report written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// SFT on demonstrations (no training rollouts): `--steps` updates of `--tasks-per-step`
+/// examples each, taken in order and wrapping around; checkpoints as the rollout loop saves
+/// them; the final adapter is published as `policy-v{steps}` for validation, and its name
+/// returned.
+#[allow(clippy::too_many_arguments)]
+fn fit_demonstrations(
+    sft: &mut agl_train::LlmSft,
+    samples: &[TokenSample],
+    state: &TrainerState,
+    args: &LlmTrainArgs,
+    root: &std::path::Path,
+    every: Option<usize>,
+    serving: &EngineServing,
+    printer: &mut AnyPrinter,
+) -> anyhow::Result<String> {
+    let n = samples.len();
+    anyhow::ensure!(n > 0, "--demonstrations: no demonstration");
+    let save = |dir: &std::path::Path, sft: &agl_train::LlmSft, step: usize| {
+        agl_train::save_checkpoint(
+            dir,
+            sft.adapter(),
+            &TrainerState {
+                step,
+                ..state.clone()
+            },
+        )
+    };
+    for step in state.step..args.steps {
+        let started = Instant::now();
+        let batch: Vec<TokenSample> = (0..args.tasks_per_step)
+            .map(|k| samples[(step * args.tasks_per_step + k) % n].clone())
+            .collect();
+        let update = sft.step(&batch)?;
+        let done = step + 1;
+        if every.is_some_and(|k| k > 0 && done % k == 0 && done < args.steps) {
+            save(&root.join(format!("step-{done}")), sft, done)?;
+        }
+        let point = AnyCurvePoint {
+            step: done,
+            update_seconds: update.seconds,
+            step_seconds: started.elapsed().as_secs_f64(),
+            update,
+            ..AnyCurvePoint::default()
+        };
+        printer.bar.inc(1);
+        printer.bar.suspend(|| {
+            eprintln!(
+                "step {done}: sft loss {:.4} nats/token over {} tokens of {} demonstrations, \
+                 grad norm {:.3}, {:.1} s",
+                update.loss,
+                update.loss_tokens,
+                update.trained_samples,
+                update.grad_norm,
+                update.seconds
+            );
+        });
+        printer.curve.push(point);
+    }
+    save(&root.join("final"), sft, args.steps)?;
+    let name = agl_train::policy_version(args.steps);
+    serving.publish(&name, sft.adapter())?;
+    Ok(name)
 }
 
 /// The exec pool of `--runner exec:COMMAND`: `--workers` workers here, each running the command

@@ -166,6 +166,8 @@ pub struct SharedArgs {
     pub checkpoint_every: Option<usize>,
     /// Resume from this checkpoint.
     pub resume: Option<PathBuf>,
+    /// Start from this adapter (PEFT layout) instead of a fresh one.
+    pub init_adapter: Option<PathBuf>,
     /// Statement time limit, seconds.
     pub sql_timeout: f64,
     /// First N train questions (after the curriculum filter).
@@ -259,16 +261,34 @@ pub(super) struct LearnerSettings {
 
 /// Checks the flags every LLM training path shares (one line naming the flag) and resolves
 /// the LoRA and GRPO settings; fails before anything is loaded.
-pub(super) fn checked(shared: &SharedArgs, args: &LlmTrainArgs) -> anyhow::Result<LearnerSettings> {
+///
+/// `min_group_size` is the learner's ([`agl_train::Learner::min_group_size`]): 2 for GRPO,
+/// 1 for SFT.
+pub(super) fn checked(
+    shared: &SharedArgs,
+    args: &LlmTrainArgs,
+    min_group_size: usize,
+) -> anyhow::Result<LearnerSettings> {
     anyhow::ensure!(args.steps > 0, "--steps must be at least 1");
     anyhow::ensure!(
         args.tasks_per_step > 0,
         "--tasks-per-step must be at least 1"
     );
     anyhow::ensure!(
-        shared.group_size >= 2,
-        "--group-size must be at least 2 (advantages are group-relative)"
+        shared.group_size >= min_group_size,
+        "--group-size must be at least {min_group_size} (GRPO's advantages are group-relative)"
     );
+    if let Some(dir) = &shared.init_adapter {
+        anyhow::ensure!(
+            shared.resume.is_none(),
+            "--init-adapter and --resume both name the adapter to start from; pass only one"
+        );
+        anyhow::ensure!(
+            dir.join("adapter_config.json").is_file(),
+            "--init-adapter {}: not a PEFT adapter directory (no adapter_config.json)",
+            dir.display()
+        );
+    }
     anyhow::ensure!(args.max_turns > 0, "--max-turns must be at least 1");
     anyhow::ensure!(args.max_tokens > 0, "--max-tokens must be at least 1");
     anyhow::ensure!(args.eval_limit > 0, "--eval-limit must be at least 1");
@@ -348,47 +368,79 @@ pub(super) fn learner(
     mode: TrainingMode,
     resume: Option<&(PathBuf, TrainerState)>,
 ) -> anyhow::Result<(LlmGrpo, TrainerState)> {
-    let (adapter, vars, start_step) = match resume {
-        Some((rdir, state)) => {
-            let a = LoraAdapter::load(rdir, engine.model().config(), engine.model().device())?;
-            let (a, v) = a.into_trainable()?;
-            (a, v, state.step)
-        }
-        None => {
-            let cfg = LoraConfig {
-                r: args.lora_rank,
-                alpha: settings.lora_alpha,
-                target_modules: settings.targets.clone(),
-                use_rslora: false,
-                base_model: Some(args.model.to_string()),
-            };
-            let (a, v) = LoraAdapter::new_trainable(
-                cfg,
-                engine.model().config(),
-                engine.model().device(),
-                shared.seed,
-            )?;
-            (a, v, 0)
-        }
-    };
+    let (adapter, vars, start_step) = initial_adapter(engine, shared, args, settings, resume)?;
+    let state = trainer_state(shared, args, settings, mode, start_step, adapter.config());
     let grpo = LlmGrpo::new(engine.model().clone(), adapter, vars, settings.grpo.clone())?;
-    let state = TrainerState {
+    Ok((grpo, state))
+}
+
+/// The adapter a run starts from, as trainable variables, and the steps already done: the
+/// `--resume` checkpoint's, else `--init-adapter`'s (step 0), else a fresh one seeded with
+/// `--seed` (its B factors zero: the base model's behaviour).
+pub(super) fn initial_adapter(
+    engine: &agl_llm::Engine,
+    shared: &SharedArgs,
+    args: &LlmTrainArgs,
+    settings: &LearnerSettings,
+    resume: Option<&(PathBuf, TrainerState)>,
+) -> anyhow::Result<(LoraAdapter, Vec<candle_core::Var>, usize)> {
+    let load = |dir: &Path| {
+        LoraAdapter::load(dir, engine.model().config(), engine.model().device())
+            .and_then(LoraAdapter::into_trainable)
+    };
+    if let Some((rdir, state)) = resume {
+        let (a, v) = load(rdir)?;
+        return Ok((a, v, state.step));
+    }
+    if let Some(dir) = &shared.init_adapter {
+        let (a, v) = load(dir).with_context(|| format!("--init-adapter {}", dir.display()))?;
+        return Ok((a, v, 0));
+    }
+    let cfg = LoraConfig {
+        r: args.lora_rank,
+        alpha: settings.lora_alpha,
+        target_modules: settings.targets.clone(),
+        use_rslora: false,
+        base_model: Some(args.model.to_string()),
+    };
+    let (a, v) = LoraAdapter::new_trainable(
+        cfg,
+        engine.model().config(),
+        engine.model().device(),
+        shared.seed,
+    )?;
+    Ok((a, v, 0))
+}
+
+/// The `trainer_state.json` of a run of `mode` from `start_step` (GRPO's; an SFT run sets
+/// `algorithm` and `sft`); the LoRA shape is the adapter's (`--init-adapter`'s may differ from
+/// the flags).
+pub(super) fn trainer_state(
+    shared: &SharedArgs,
+    args: &LlmTrainArgs,
+    settings: &LearnerSettings,
+    mode: TrainingMode,
+    start_step: usize,
+    lora: &LoraConfig,
+) -> TrainerState {
+    TrainerState {
         step: start_step,
         seed: shared.seed,
         governance: mode,
         model: args.model.to_string(),
-        lora_rank: args.lora_rank,
-        lora_alpha: settings.lora_alpha,
-        lora_targets: settings
-            .targets
+        lora_rank: lora.r,
+        lora_alpha: lora.alpha,
+        lora_targets: lora
+            .target_modules
             .iter()
             .map(|t| t.name().to_string())
             .collect(),
         grpo: settings.grpo.clone(),
         tasks_per_step: args.tasks_per_step,
         group_size: shared.group_size,
-    };
-    Ok((grpo, state))
+        algorithm: "grpo".into(),
+        sft: None,
+    }
 }
 
 /// The loop's settings of a run of `mode` from `start_step`: the flags' values, resources ids
@@ -439,7 +491,7 @@ pub(super) fn rollouts_to_run(shared: &SharedArgs, args: &LlmTrainArgs, start_st
 /// Runs `agl train --agent llm`.
 pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
-    let settings = checked(&shared, &args)?;
+    let settings = checked(&shared, &args, 2)?;
     let roles = parse_roles(args.train_roles.as_deref().unwrap_or(DEFAULT_ROLES))?;
     let (targets, lora_alpha, grpo_config) = (
         settings.targets.clone(),

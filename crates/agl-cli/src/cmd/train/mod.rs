@@ -52,9 +52,31 @@ pub struct TrainArgs {
     agent: TrainAgent,
     /// Train the agent you bring, in any language, on --train-dataset (Agent Lightning's
     /// `Trainer.fit`): its rollouts run through the store and its model calls through this
-    /// process's gateway; `grpo` trains a LoRA adapter of --model. Takes the --agent llm flags.
-    #[arg(long, value_enum, requires = "train_dataset")]
+    /// process's gateway; `grpo` and `sft` train a LoRA adapter of --model (`sft` also from
+    /// --demonstrations alone). Takes the --agent llm flags.
+    #[arg(long, value_enum)]
     algorithm: Option<any::Algorithm>,
+    /// Demonstrations for `--algorithm sft` instead of rollouts: OpenAI's chat fine-tuning
+    /// format, one `{"messages": [...]}` per line, tokenised with the model's chat template;
+    /// the assistant turns are trained (--tasks-per-step examples per update).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "algorithm",
+        conflicts_with = "train_dataset"
+    )]
+    demonstrations: Option<PathBuf>,
+    /// `--algorithm sft` on rollouts: the share of each step's samples kept for fine-tuning,
+    /// best rewards first (Agent Lightning's Unsloth example keeps the top half).
+    #[arg(long, default_value_t = agl_train::DEFAULT_TOP_FRACTION, value_name = "F")]
+    sft_top_fraction: f64,
+    /// `--algorithm sft` on rollouts: keep only samples whose reward is above R.
+    #[arg(long, value_name = "R")]
+    sft_min_reward: Option<f64>,
+    /// Start from this LoRA adapter (a PEFT directory, e.g. an SFT run's `final/`) instead of a
+    /// fresh one (--agent llm, --algorithm); its rank, alpha and modules replace --lora-*.
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    init_adapter: Option<PathBuf>,
     /// Train tasks (--algorithm): JSON Lines (one task per line) or a JSON array; each task is
     /// any JSON, given to the agent as its rollout's input.
     #[arg(long, value_name = "FILE", requires = "algorithm")]
@@ -395,6 +417,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             checkpoint_dir: args.checkpoint_dir.clone(),
             checkpoint_every: args.checkpoint_every,
             resume: args.resume.clone(),
+            init_adapter: args.init_adapter.clone(),
             sql_timeout: args.sql_timeout,
             limit: args.limit,
         };
@@ -414,12 +437,27 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                      --algorithm, start runners with `agl runner --store-url URL --exec CMD`"
                 );
             }
-            let Some(train_dataset) = args.train_dataset.clone() else {
-                anyhow::bail!("--algorithm needs --train-dataset FILE");
+            let source = match (&args.train_dataset, &args.demonstrations) {
+                (Some(t), None) => any::Source::Tasks(t.clone()),
+                (None, Some(d)) if algorithm == any::Algorithm::Sft => {
+                    any::Source::Demonstrations(d.clone())
+                }
+                (None, Some(_)) => anyhow::bail!(
+                    "--demonstrations trains with --algorithm sft; grpo learns from rollouts of \
+                     --train-dataset"
+                ),
+                _ => anyhow::bail!(
+                    "--algorithm needs --train-dataset FILE (or, for sft, --demonstrations FILE)"
+                ),
             };
             let any = any::AnyArgs {
                 algorithm,
-                train_dataset,
+                source,
+                sft: agl_train::LlmSftConfig {
+                    top_fraction: args.sft_top_fraction,
+                    min_reward: args.sft_min_reward,
+                    ..agl_train::LlmSftConfig::default()
+                },
                 val_dataset: args.val_dataset.clone(),
                 runner: args.runner.clone(),
                 rollout_timeout: args.rollout_timeout,
@@ -435,6 +473,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             };
             return any::run(shared, args.llm, any);
         }
+        if args.demonstrations.is_some() {
+            anyhow::bail!("--demonstrations needs --algorithm sft");
+        }
         if args.store_url.is_some() || args.runner_processes > 0 || args.audit_log.is_some() {
             anyhow::bail!(
                 "--store-url, --runner-processes and --audit-log apply to --agent scorer; \
@@ -442,6 +483,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             );
         }
         return llm::run(shared, args.llm);
+    }
+    if args.init_adapter.is_some() {
+        anyhow::bail!(
+            "--init-adapter starts a LoRA adapter: it applies to --agent llm and --algorithm"
+        );
     }
     let started = Instant::now();
     let data = crate::args::data::data_dir(args.data.clone());
