@@ -14,10 +14,9 @@ fn bad_flags_are_one_line_errors() {
     std::fs::write(&tasks, "{\"q\": 1}\n{\"q\": 2}\n").unwrap();
     let tasks = tasks.to_str().unwrap();
 
-    // clap: the dataset and the algorithm go together; the runner is `none` or `exec:CMD`.
+    // The dataset and the algorithm go together; the runner is `none` or `exec:CMD`.
     let o = agl(&["train", "--algorithm", "grpo"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(common::stderr(&o).contains("--train-dataset"));
+    assert_one_line_error(&o, 1, "--algorithm needs --train-dataset FILE");
     let o = agl(&["train", "--train-dataset", tasks]);
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("--algorithm"));
@@ -64,6 +63,37 @@ fn bad_flags_are_one_line_errors() {
     assert_one_line_error(&o, 1, "pass only one");
     let o = with(&["--model", "no-such-model"]);
     assert_one_line_error(&o, 1, "--model no-such-model");
+    let o = with(&["--init-adapter", dir.path().to_str().unwrap()]);
+    assert_one_line_error(&o, 1, "not a PEFT adapter directory");
+
+    // SFT: a group of one is enough; its own flags are checked; demonstrations are its alone.
+    let sft = ["train", "--algorithm", "sft", "--train-dataset", tasks];
+    let with_sft = |extra: &[&str]| {
+        let mut a: Vec<&str> = sft.to_vec();
+        a.extend_from_slice(extra);
+        agl(&a)
+    };
+    let o = with_sft(&["--sft-top-fraction", "0", "--group-size", "1"]);
+    assert_one_line_error(&o, 1, "--sft-top-fraction must be in (0, 1]");
+    let o = with_sft(&["--resume", dir.path().to_str().unwrap()]);
+    assert_one_line_error(&o, 1, "--init-adapter");
+    let o = agl(&["train", "--algorithm", "grpo", "--demonstrations", tasks]);
+    assert_one_line_error(&o, 1, "--demonstrations trains with --algorithm sft");
+    let o = agl(&["train", "--demonstrations", tasks]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("--algorithm"));
+    let o = agl(&[
+        "train",
+        "--agent",
+        "llm",
+        "--init-adapter",
+        tasks,
+        "--resume",
+        tasks,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = agl(&["train", "--init-adapter", dir.path().to_str().unwrap()]);
+    assert_one_line_error(&o, 1, "--init-adapter starts a LoRA adapter");
 }
 
 #[test]
@@ -195,4 +225,234 @@ case "$out" in *'"content":"'*[0-9]*) echo '{"reward": 1}';; *) echo '{"reward":
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"model\":\"trained\""), "{answer}");
     drop(serve);
+}
+
+/// The shell agent of the SFT tests: answers "Count to three." through the gateway; the task
+/// decides the reward (`"silent"`: none; otherwise whether the answer has a digit).
+const COUNTING_AGENT: &str = r#"#!/bin/sh
+task=$(cat)
+body='{"model":"'"$OPENAI_MODEL"'","messages":[{"role":"user","content":"Count to three."}],"max_tokens":8,"temperature":0.9}'
+out=$(curl -sS --fail -H 'Content-Type: application/json' -d "$body" "$OPENAI_BASE_URL/chat/completions") || exit 1
+case "$task" in *'"silent"'*) echo "no reward"; exit 0;; esac
+case "$out" in *'"content":"'*[0-9]*) echo '{"reward": 1}';; *) echo '{"reward": 0.5}';; esac
+"#;
+
+fn curl_missing() -> bool {
+    std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+}
+
+/// One SFT iteration with the real model (Agent Lightning's Unsloth example): roll out, keep
+/// the top half of the samples by reward, fine-tune; the adapter it leaves is served by
+/// `agl llm serve --adapter`. Then the same from demonstrations, and GRPO starting from the SFT
+/// adapter with --init-adapter.
+#[test]
+fn one_sft_iteration_leaves_an_adapter_that_is_served() {
+    if !common::model_available() || curl_missing() {
+        eprintln!("SKIP: the built-in model or curl is unavailable here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agent.sh");
+    std::fs::write(&agent, COUNTING_AGENT).unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(&tasks, "{\"n\": 1}\n{\"n\": 2}\n").unwrap();
+    let ckpt = dir.path().join("sft");
+    let report = dir.path().join("report.json");
+    let runner = format!("exec:sh {}", agent.display());
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "sft",
+        "--train-dataset",
+        tasks.to_str().unwrap(),
+        "--keep-order",
+        "--runner",
+        &runner,
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "8",
+        "--workers",
+        "4",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let r = common::json_file(&report);
+    assert_eq!(r["algorithm"], "sft");
+    assert_eq!(r["config"]["sft"]["top_fraction"], 0.5);
+    assert!(r["config"].get("grpo").is_none(), "{}", r["config"]);
+    let update = &r["curve"][0]["update"];
+    // 4 rewarded rollouts of one call each: 4 samples, the top half trained.
+    assert_eq!(update["samples"], 4, "{update}");
+    assert_eq!(update["trained_samples"], 2, "{update}");
+    assert!(update["loss"].as_f64().unwrap() > 0.0, "{update}");
+    let fin = ckpt.join("final");
+    let state = common::json_file(&fin.join("trainer_state.json"));
+    assert_eq!(state["algorithm"], "sft");
+    let (serve, addr) = common::serve_adapter("sft", &fin);
+    let body = r#"{"model":"sft","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}"#;
+    let answer = common::http(&addr, "POST", "/v1/chat/completions", Some(body));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"model\":\"sft\""), "{answer}");
+    drop(serve);
+
+    // From demonstrations: no rollouts, the loss of each step in the report.
+    let demos = dir.path().join("demos.jsonl");
+    std::fs::write(
+        &demos,
+        concat!(
+            r#"{"messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "1, 2, 3"}]}"#,
+            "\n",
+            r#"{"messages": [{"role": "user", "content": "Count to two."}, {"role": "assistant", "content": "1, 2"}]}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let demo_ckpt = dir.path().join("demo");
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "sft",
+        "--demonstrations",
+        demos.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--tasks-per-step",
+        "2",
+        "--lr",
+        "1e-3",
+        "--checkpoint-dir",
+        demo_ckpt.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let r = common::json_file(&report);
+    assert_eq!(r["data"]["demonstration_examples"], 2);
+    let loss = |i: usize| r["curve"][i]["update"]["loss"].as_f64().unwrap();
+    assert!(loss(1) < loss(0), "{} then {}", loss(0), loss(1));
+    assert!(demo_ckpt.join("final/adapter_model.safetensors").is_file());
+
+    // GRPO from the SFT adapter: the adapter's shape is kept.
+    let grpo_ckpt = dir.path().join("grpo");
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "grpo",
+        "--train-dataset",
+        tasks.to_str().unwrap(),
+        "--runner",
+        &runner,
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "8",
+        "--lora-rank",
+        "4",
+        "--init-adapter",
+        fin.to_str().unwrap(),
+        "--checkpoint-dir",
+        grpo_ckpt.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let state = common::json_file(&grpo_ckpt.join("final/trainer_state.json"));
+    assert_eq!(state["algorithm"], "grpo");
+    assert_eq!(
+        state["lora_rank"], 8,
+        "the SFT adapter's rank, not --lora-rank 4"
+    );
+}
+
+/// Bad input for SFT: a demonstration without messages, and a step whose rollouts report no
+/// reward (nothing to select): one line each, nothing trained, nothing written.
+#[test]
+fn sft_refuses_bad_demonstrations_and_an_empty_selection() {
+    if !common::model_available() || curl_missing() {
+        eprintln!("SKIP: the built-in model or curl is unavailable here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let demos = dir.path().join("demos.jsonl");
+    std::fs::write(
+        &demos,
+        concat!(
+            r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}"#,
+            "\n",
+            r#"{"prompt": "a", "completion": "b"}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "sft",
+        "--demonstrations",
+        demos.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, 1, "example 2: unknown field `prompt`");
+    std::fs::write(&demos, r#"{"tools": []}"#).unwrap();
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "sft",
+        "--demonstrations",
+        demos.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, 1, "example 1: no `messages` field");
+    assert!(!ckpt.exists());
+
+    let agent = dir.path().join("agent.sh");
+    std::fs::write(&agent, COUNTING_AGENT).unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(&tasks, "{\"silent\": true}\n").unwrap();
+    let runner = format!("exec:sh {}", agent.display());
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "sft",
+        "--train-dataset",
+        tasks.to_str().unwrap(),
+        "--runner",
+        &runner,
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "4",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    let err = common::stderr(&o);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("nothing to learn")
+            && last.contains("no rollout")
+            && last.contains("nothing was trained"),
+        "{err}"
+    );
+    assert!(!ckpt.join("final").exists());
 }
