@@ -70,6 +70,34 @@ fn tasks_are_agl_selections_with_the_agents_schema_and_prompt() {
         vec![json!("dev-0"), json!("dev-200"), json!("dev-400")]
     );
 
+    // Demonstrations: the write prompt, then the gold SQL in the block the prompt asks for
+    // (which the agent's parser reads back as the gold SQL).
+    let o = agl(&[
+        "spider",
+        "tasks",
+        "--split",
+        "train",
+        "--limit",
+        "3",
+        "--demonstrations",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let demos = lines(&o.stdout);
+    let want = agl_spider::train_questions(&dataset, Curriculum::Easy, Some(3), 0);
+    assert_eq!(demos.len(), 3);
+    for (d, q) in demos.iter().zip(&want) {
+        let keys: Vec<&String> = d.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["messages"]);
+        let m = d["messages"].as_array().unwrap();
+        let path = dataset.db_path(&q.db_id);
+        let schema = prompts::render_schema(&db_info(&q.db_id, &path).unwrap());
+        let prompt = serde_json::to_value(prompts::write_messages(&schema, &q.question)).unwrap();
+        assert_eq!(m[..2], prompt.as_array().unwrap()[..]);
+        assert_eq!(m[2]["role"], "assistant");
+        let answer = m[2]["content"].as_str().unwrap();
+        assert_eq!(prompts::extract_sql(answer).unwrap(), q.gold_sql.trim());
+    }
+
     let o = agl(&["spider", "tasks", "--split", "dev", "--curriculum", "all"]);
     assert_one_line_failure(&o, "apply to --split train only");
     let o = agl(&["spider", "tasks", "--split", "test"]);

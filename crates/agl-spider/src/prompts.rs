@@ -44,11 +44,11 @@ pub const RESULT_MAX_ROWS: usize = 20;
 /// Appended (on its own line) to text cut by [`truncate_chars`].
 pub const TRUNCATION_MARK: &str = "... (truncated)";
 
-/// One chat message: `role` (`system` or `user`) and `content`, as in OpenAI's Chat
-/// Completions API.
+/// One chat message: `role` (`system`, `user`, or `assistant` in a demonstration) and
+/// `content`, as in OpenAI's Chat Completions API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PromptMessage {
-    /// `system` or `user`.
+    /// `system`, `user` or `assistant`.
     pub role: String,
     /// The text.
     pub content: String,
@@ -70,6 +70,20 @@ impl PromptMessage {
             content: content.into(),
         }
     }
+
+    /// An `assistant` message (a demonstration's answer).
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self {
+            role: "assistant".into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// The answer the write prompt asks for: `sql` (trimmed) in a ```` ```sql ```` block, which
+/// [`extract_sql`] reads back unchanged (a demonstration's assistant message).
+pub fn write_answer(sql: &str) -> String {
+    fenced(sql)
 }
 
 /// The checker's verdict on a query. JSON: `"correct"`, `"incorrect"`.

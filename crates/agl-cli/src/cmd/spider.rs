@@ -11,6 +11,9 @@
 //!   `agl train --agent llm`); dev: [`agl_spider::dev_questions`] (`--limit N` spread evenly
 //!   over the split, as `agl train --agent llm --eval-limit N`); either split with `--every K`:
 //!   every K-th question in file order, then the first `--limit` (as `agl eval --every K`).
+//!   With `--demonstrations`, each line is instead `{"messages": [system, user, assistant]}`:
+//!   the write prompt and the gold SQL as the answer ([`agl_spider::prompts::write_answer`]),
+//!   for `agl train --algorithm sft --demonstrations`.
 //! - **`score`** reads lines `{"db_id", "gold", "predicted", …}` and prints each one back with
 //!   `"match": true|false`, plus `"error"` when the predicted SQL failed (SQLite's message or
 //!   the time-out) and `"gold_error"` when the gold SQL did. Both run in agl-spider's sandboxed
@@ -31,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agl_spider::prompts::{PromptMessage, render_schema, write_messages};
+use agl_spider::prompts::{PromptMessage, render_schema, write_answer, write_messages};
 use agl_spider::{
     Curriculum, DATABASE_DIR, Executor, ExecutorConfig, Question, SpiderDataset, Split, db_info,
     dev_questions, execution_match, gold_is_ordered, train_questions,
@@ -81,6 +84,11 @@ pub struct TasksArgs {
     /// and user message, as it sends them to the model).
     #[arg(long)]
     messages: bool,
+    /// Write demonstrations for `agl train --algorithm sft --demonstrations` instead of tasks:
+    /// one `{"messages": [...]}` per question, the agent's write prompt followed by the gold SQL
+    /// as the assistant's answer (in the ```sql block the prompt asks for).
+    #[arg(long, conflicts_with = "messages")]
+    demonstrations: bool,
     /// Write the tasks to FILE instead of stdout.
     #[arg(long, value_name = "FILE.jsonl")]
     out: Option<PathBuf>,
@@ -193,6 +201,15 @@ fn tasks(args: TasksArgs) -> anyhow::Result<ExitCode> {
             );
         }
         let (schema, db_path) = &schemas[&q.db_id];
+        if args.demonstrations {
+            let mut messages = write_messages(schema, &q.question);
+            messages.push(PromptMessage::assistant(write_answer(&q.gold_sql)));
+            text.push_str(&serde_json::to_string(
+                &serde_json::json!({ "messages": messages }),
+            )?);
+            text.push('\n');
+            continue;
+        }
         let task = Task {
             id: format!("{}-{}", q.split, q.index),
             db_id: &q.db_id,
