@@ -456,3 +456,59 @@ fn sft_refuses_bad_demonstrations_and_an_empty_selection() {
     );
     assert!(!ckpt.join("final").exists());
 }
+
+/// `--compare` with an outside agent: one run per training mode, the same seed and tasks, the
+/// adapters under `DIR/<mode>/`, a comparison table, and one report with every run.
+#[test]
+fn compare_trains_an_outside_agent_once_per_mode() {
+    if !common::model_available() || curl_missing() {
+        eprintln!("SKIP: the built-in model or curl is unavailable here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agent.sh");
+    std::fs::write(&agent, COUNTING_AGENT).unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(&tasks, "{\"n\": 1}\n").unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let report = dir.path().join("report.json");
+    let runner = format!("exec:sh {}", agent.display());
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "grpo",
+        "--train-dataset",
+        tasks.to_str().unwrap(),
+        "--runner",
+        &runner,
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "4",
+        "--compare",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("== comparison =="), "{out}");
+    let r = common::json_file(&report);
+    assert_eq!(r["compare"], serde_json::json!(["audit", "enforce"]));
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (run, mode) in runs.iter().zip(["audit", "enforce"]) {
+        assert_eq!(run["config"]["governance"], mode);
+        assert_eq!(run["curve"].as_array().unwrap().len(), 1);
+        assert!(
+            ckpt.join(mode)
+                .join("final/adapter_model.safetensors")
+                .is_file()
+        );
+    }
+}

@@ -8,7 +8,8 @@
 //! prompt and response tokens; the tokens in between (tool results, new user turns) are context
 //! with loss mask 0. Otherwise each call is its own sample. A sample's reward is the reward the
 //! adapter matched to its last call (an intermediate reward span attached to that call), else
-//! the rollout's final reward.
+//! the nearest reward matched to a later call, else the rollout's final reward: rewards are
+//! carried backwards over a rollout's calls, as Agent Lightning's Unsloth SFT example does.
 //!
 //! # Forced tokens
 //! A response token that a constraint (JSON schema, grammar) left as the only choice was not
@@ -343,7 +344,17 @@ pub fn samples_from_triplets(
 ) -> Result<Vec<TokenSample>, TrainError> {
     let mut out: Vec<TokenSample> = Vec::new();
     let mut current: Option<(TokenSample, Option<f64>)> = None;
-    for t in triplets {
+    // The nearest reward of a call after each call (carried backwards), else the rollout's.
+    let mut later = vec![rollout_reward; triplets.len()];
+    let mut next = rollout_reward;
+    let mut fallback = rollout_reward;
+    for (i, t) in triplets.iter().enumerate().rev() {
+        later[i] = next;
+        if let Some(r) = t.reward.filter(|r| r.is_finite()) {
+            next = r;
+        }
+    }
+    for (i, t) in triplets.iter().enumerate() {
         let call = read_call(t, rollout_id)?;
         let continues = current
             .as_ref()
@@ -360,11 +371,13 @@ pub fn samples_from_triplets(
             s.roles.push(call.role);
             s.adapters.push(call.adapter);
             *last_reward = call.reward;
+            fallback = later[i];
             continue;
         }
         if let Some((s, r)) = current.take() {
-            out.push(finish(s, r, rollout_reward));
+            out.push(finish(s, r, fallback));
         }
+        fallback = later[i];
         let mut tokens = call.prompt.clone();
         tokens.extend_from_slice(&call.response);
         current = Some((
@@ -385,13 +398,13 @@ pub fn samples_from_triplets(
         ));
     }
     if let Some((s, r)) = current.take() {
-        out.push(finish(s, r, rollout_reward));
+        out.push(finish(s, r, fallback));
     }
     Ok(out)
 }
 
-fn finish(mut s: TokenSample, call_reward: Option<f64>, rollout_reward: f64) -> TokenSample {
-    s.reward = call_reward.unwrap_or(rollout_reward);
+fn finish(mut s: TokenSample, call_reward: Option<f64>, carried: f64) -> TokenSample {
+    s.reward = call_reward.unwrap_or(carried);
     s
 }
 
@@ -806,6 +819,15 @@ mod tests {
         assert_eq!(s[1].reward, 1.0);
         assert_eq!(s[2].tokens, vec![1, 2, 3]);
         assert_eq!(s[2].roles, vec!["rewrite"]);
+        // A call without a reward gets the nearest later one, carried backwards.
+        let ts = vec![
+            triplet(&[1], &[2], None, "write"),
+            triplet(&[7], &[8], Some(0.25), "check"),
+            triplet(&[9], &[6], None, "rewrite"),
+        ];
+        let s = samples_from_triplets("ro-1", "q1", &ts, 1.0).unwrap();
+        let r: Vec<f64> = s.iter().map(|x| x.reward).collect();
+        assert_eq!(r, [0.25, 0.25, 1.0]);
     }
 
     #[test]

@@ -332,6 +332,7 @@ struct AnyReportConfig<'a> {
     rollout_timeout_seconds: f64,
     max_attempts: u32,
     resume: Option<String>,
+    init_adapter: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -391,8 +392,12 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             "--resume continues GRPO runs; start SFT from an adapter with --init-adapter DIR"
         );
     }
-    if shared.compare {
-        bail!("--compare is not available with --algorithm yet: train once per --governance mode");
+    if shared.compare && any.runner == RunnerSpec::None && any.store_url.is_none() {
+        anyhow::ensure!(
+            any.port != 0,
+            "--compare serves the store again for each mode: give runners of other processes a \
+             fixed --port N to find it at (or run the store apart and pass --store-url)"
+        );
     }
     anyhow::ensure!(
         any.rollout_timeout.is_finite() && any.rollout_timeout > 0.0,
@@ -414,7 +419,6 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             "--advertise-url {url}: expected an http:// or https:// URL"
         );
     }
-    let mode = shared.modes[0];
     let resume = resume_state(&shared, &args)?;
     let roles = agent_match(args.train_roles.as_deref())?;
     let mut train = match &any.source {
@@ -447,17 +451,21 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
     };
     let policy = PolicyFile::resolve(&shared.policy)
         .with_context(|| format!("--policy {}", shared.policy))?;
-    let kernel = Arc::new(
-        crate::kernel::build_kernel(
-            &policy,
-            &BuildEnv {
-                mode: Some(mode.kernel_mode()),
-                ..BuildEnv::default()
-            },
-            None,
-        )
-        .with_context(|| format!("--policy {}", shared.policy))?,
-    );
+    let kernel_for = |mode: TrainingMode| -> anyhow::Result<Arc<agl_gov::Kernel>> {
+        Ok(Arc::new(
+            crate::kernel::build_kernel(
+                &policy,
+                &BuildEnv {
+                    mode: Some(mode.kernel_mode()),
+                    ..BuildEnv::default()
+                },
+                None,
+            )
+            .with_context(|| format!("--policy {}", shared.policy))?,
+        ))
+    };
+    // A policy file that does not build fails before the model is loaded.
+    kernel_for(shared.modes[0])?;
     let triplets = TracerTraceToTriplet::new(
         agl_train::DEFAULT_LLM_CALL_MATCH,
         roles.as_ref().map(|(_, p)| p.as_str()),
@@ -486,16 +494,34 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
     let started_engine = crate::args::engine::start_engine(&spec, "agl train")?;
     let engine = started_engine.engine.clone();
     let base_name = started_engine.name.clone();
-    let gateway = agl_server::GatewayConfig {
-        upstream: agl_server::Upstream::InProcess(started_engine.router()),
-        kernel: Some(kernel.clone()),
-        request_timeout: Duration::from_secs_f64(args.request_timeout),
-    };
-    let checkpoint_root = shared
+    let root = shared
         .checkpoint_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs/agent"));
-    let result = rt.block_on(async {
+    let mut runs: Vec<ModeRun> = Vec::with_capacity(shared.modes.len());
+    for &mode in &shared.modes {
+        let mode_started = Instant::now();
+        if shared.compare {
+            eprintln!("== training mode {mode} ({}) ==", mode.title());
+        }
+        let kernel = match kernel_for(mode) {
+            Ok(k) => k,
+            Err(e) => {
+                engine.shutdown();
+                return Err(e);
+            }
+        };
+        let gateway = agl_server::GatewayConfig {
+            upstream: agl_server::Upstream::InProcess(started_engine.router()),
+            kernel: Some(kernel.clone()),
+            request_timeout: Duration::from_secs_f64(args.request_timeout),
+        };
+        let checkpoint_root = if shared.compare {
+            root.join(mode.as_str())
+        } else {
+            root.clone()
+        };
+        let result = rt.block_on(async {
         let server = Server::start(&any, store.clone(), gateway).await?;
         let advertised = any
             .advertise_url
@@ -543,9 +569,9 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             base: base_name.clone(),
             endpoint: endpoint.clone(),
         };
-        // Resources ids of this run: one store may hold several runs.
+        // Resources ids of this run: one store may hold several runs (and modes).
         let run_id = format!(
-            "agl-train-{}-{}",
+            "agl-train-{}-{}-{mode}",
             std::process::id(),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -699,86 +725,138 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         server.shutdown().await?;
         Ok::<_, anyhow::Error>((before, after, printer.curve, reward.stats(), state.sft))
     });
+        let (before, after, curve, reward_stats, sft_config) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                engine.shutdown();
+                return Err(e);
+            }
+        };
+        runs.push(ModeRun {
+            mode,
+            before,
+            after,
+            curve,
+            reward: reward_stats,
+            sft: sft_config,
+            kernel: kernel.stats(),
+            adapter: checkpoint_root.join("final"),
+            seconds: mode_started.elapsed().as_secs_f64(),
+        });
+    }
     engine.shutdown();
-    let (before, after, curve, reward_stats, sft_config) = result?;
-    let seconds = started.elapsed().as_secs_f64();
-    let adapter = checkpoint_root.join("final");
-    print_table(before.as_ref(), after.as_ref(), &curve, seconds);
-    println!("adapter: {}", adapter.display());
+    for r in &runs {
+        if shared.compare {
+            println!("\n== {} ==", r.mode);
+        }
+        print_table(r.before.as_ref(), r.after.as_ref(), &r.curve, r.seconds);
+        println!("adapter: {}", r.adapter.display());
+    }
+    if shared.compare {
+        print_comparison(&runs);
+        println!("wall time: {:.1} s", started.elapsed().as_secs_f64());
+    }
     if let (Some(_), Source::Demonstrations(_)) = (&shared.plot, &any.source) {
         eprintln!(
             "no plot: --demonstrations trains without rollouts, so there is no reward curve (the \
              report has the loss of each step)"
         );
     } else if let Some(path) = &shared.plot {
-        let points: Vec<CurvePoint> = curve
+        let points: Vec<Vec<CurvePoint>> = runs
             .iter()
-            .map(|p| CurvePoint {
-                step: p.step,
-                rollouts: p.rollouts,
-                reward: p.reward,
-                violation_rate: p.violation_rate,
-                accuracy: 0.0,
+            .map(|r| {
+                r.curve
+                    .iter()
+                    .map(|p| CurvePoint {
+                        step: p.step,
+                        rollouts: p.rollouts,
+                        reward: p.reward,
+                        violation_rate: p.violation_rate,
+                        accuracy: 0.0,
+                    })
+                    .collect()
             })
             .collect();
-        let svg = crate::out::plot::reward_curves(&[(mode.title(), points.as_slice())])?;
+        let series: Vec<(&str, &[CurvePoint])> = runs
+            .iter()
+            .zip(&points)
+            .map(|(r, p)| (r.mode.title(), p.as_slice()))
+            .collect();
+        let svg = crate::out::plot::reward_curves(&series)?;
         crate::out::files::write_file(path, svg.as_bytes(), None)?;
         eprintln!("plot written to {}", path.display());
     }
     if let Some(path) = &shared.report {
-        let report = AnyReport {
-            algorithm: any.algorithm.as_str(),
-            seed: shared.seed,
-            config: AnyReportConfig {
-                model: &args.model,
-                governance: mode,
-                policy: &shared.policy,
-                runner: match &any.runner {
-                    RunnerSpec::None => "none".into(),
-                    RunnerSpec::Exec(c) => format!("exec:{c}"),
+        let reports: Vec<AnyReport<'_>> = runs
+            .iter()
+            .map(|r| AnyReport {
+                algorithm: any.algorithm.as_str(),
+                seed: shared.seed,
+                config: AnyReportConfig {
+                    model: &args.model,
+                    governance: r.mode,
+                    policy: &shared.policy,
+                    runner: match &any.runner {
+                        RunnerSpec::None => "none".into(),
+                        RunnerSpec::Exec(c) => format!("exec:{c}"),
+                    },
+                    steps: args.steps,
+                    tasks_per_step: args.tasks_per_step,
+                    group_size: shared.group_size,
+                    temperature: args.temperature,
+                    max_tokens: args.max_tokens,
+                    lora_rank: args.lora_rank,
+                    lora_alpha: settings.lora_alpha,
+                    lora_targets: settings
+                        .targets
+                        .iter()
+                        .map(|t| t.name().to_string())
+                        .collect(),
+                    grpo: (any.algorithm == Algorithm::Grpo).then_some(&settings.grpo),
+                    sft: r.sft.clone(),
+                    train_roles: roles.as_ref().map(|(names, _)| names.clone()),
+                    llm_resource: &any.llm_resource,
+                    keep_order: any.keep_order,
+                    workers: shared.workers,
+                    rollout_timeout_seconds: any.rollout_timeout,
+                    max_attempts: any.max_attempts,
+                    resume: shared.resume.as_ref().map(|p| p.display().to_string()),
+                    init_adapter: shared
+                        .init_adapter
+                        .as_ref()
+                        .map(|p| p.display().to_string()),
                 },
-                steps: args.steps,
-                tasks_per_step: args.tasks_per_step,
-                group_size: shared.group_size,
-                temperature: args.temperature,
-                max_tokens: args.max_tokens,
-                lora_rank: args.lora_rank,
-                lora_alpha: settings.lora_alpha,
-                lora_targets: settings
-                    .targets
-                    .iter()
-                    .map(|t| t.name().to_string())
-                    .collect(),
-                grpo: (any.algorithm == Algorithm::Grpo).then_some(&settings.grpo),
-                sft: sft_config,
-                train_roles: roles.map(|(names, _)| names),
-                llm_resource: &any.llm_resource,
-                keep_order: any.keep_order,
-                workers: shared.workers,
-                rollout_timeout_seconds: any.rollout_timeout,
-                max_attempts: any.max_attempts,
-                resume: shared.resume.as_ref().map(|p| p.display().to_string()),
-            },
-            data: AnyData {
-                train_dataset: matches!(any.source, Source::Tasks(_))
-                    .then(|| any.source.path().display().to_string()),
-                train_tasks: train.len(),
-                demonstrations: matches!(any.source, Source::Demonstrations(_))
-                    .then(|| any.source.path().display().to_string()),
-                demonstration_examples: demos.len(),
-                val_dataset: any.val_dataset.as_ref().map(|p| p.display().to_string()),
-                val_tasks: val.len(),
-            },
-            before,
-            after,
-            curve: &curve,
-            adapter: adapter.display().to_string(),
-            kernel: kernel.stats(),
-            reward: reward_stats,
-            peak_rss_bytes: crate::out::rss::peak_rss_bytes(),
-            seconds,
+                data: AnyData {
+                    train_dataset: matches!(any.source, Source::Tasks(_))
+                        .then(|| any.source.path().display().to_string()),
+                    train_tasks: train.len(),
+                    demonstrations: matches!(any.source, Source::Demonstrations(_))
+                        .then(|| any.source.path().display().to_string()),
+                    demonstration_examples: demos.len(),
+                    val_dataset: any.val_dataset.as_ref().map(|p| p.display().to_string()),
+                    val_tasks: val.len(),
+                },
+                before: r.before.clone(),
+                after: r.after.clone(),
+                curve: &r.curve,
+                adapter: r.adapter.display().to_string(),
+                kernel: r.kernel,
+                reward: r.reward,
+                peak_rss_bytes: crate::out::rss::peak_rss_bytes(),
+                seconds: r.seconds,
+            })
+            .collect();
+        let json = if shared.compare {
+            let modes: Vec<&str> = runs.iter().map(|r| r.mode.as_str()).collect();
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "algorithm": any.algorithm.as_str(),
+                "compare": modes,
+                "runs": reports,
+                "seconds": started.elapsed().as_secs_f64(),
+            }))?
+        } else {
+            serde_json::to_vec_pretty(&reports[0])?
         };
-        let json = serde_json::to_vec_pretty(&report)?;
         crate::out::files::write_file(path, &json, None)?;
         eprintln!("report written to {}", path.display());
     }
@@ -847,6 +925,71 @@ fn fit_demonstrations(
     let name = agl_train::policy_version(args.steps);
     serving.publish(&name, sft.adapter())?;
     Ok(name)
+}
+
+/// One training mode's run, for the tables and the report.
+struct ModeRun {
+    mode: TrainingMode,
+    before: Option<ValSummary>,
+    after: Option<ValSummary>,
+    curve: Vec<AnyCurvePoint>,
+    reward: agl_train::RewardStats,
+    sft: Option<agl_train::LlmSftConfig>,
+    kernel: agl_gov::KernelStats,
+    adapter: PathBuf,
+    seconds: f64,
+}
+
+/// `--compare`: one column per mode (validation after training, its violation rate, the last
+/// step's train reward and violation rate).
+fn print_comparison(runs: &[ModeRun]) {
+    let cols = crate::out::table::Columns {
+        label: 34,
+        first: 16,
+        cell: 16,
+        sep: " ",
+    };
+    let first = runs.first().map_or(String::new(), |r| r.mode.to_string());
+    println!("\n== comparison ==");
+    println!(
+        "{}",
+        cols.line("", &first, runs.iter().skip(1).map(|r| r.mode.to_string()))
+    );
+    let row = |name: &str, f: &dyn Fn(&ModeRun) -> String| {
+        let cells: Vec<String> = runs.iter().map(f).collect();
+        println!(
+            "{}",
+            cols.line(
+                name,
+                cells.first().map_or("", String::as_str),
+                cells.iter().skip(1).cloned()
+            )
+        );
+    };
+    let val = |v: Option<&ValSummary>, f: &dyn Fn(&ValSummary) -> String| v.map_or("-".into(), f);
+    row("validation reward before", &|r| {
+        val(r.before.as_ref(), &|v| {
+            format!("{:.3} ±{:.3}", v.mean_reward, v.ci95)
+        })
+    });
+    row("validation reward after", &|r| {
+        val(r.after.as_ref(), &|v| {
+            format!("{:.3} ±{:.3}", v.mean_reward, v.ci95)
+        })
+    });
+    row("validation violation rate after", &|r| {
+        val(r.after.as_ref(), &|v| format!("{:.3}", v.violation_rate))
+    });
+    row("last step train reward", &|r| {
+        r.curve
+            .last()
+            .map_or("-".into(), |p| format!("{:.3}", p.reward))
+    });
+    row("last step violation rate", &|r| {
+        r.curve
+            .last()
+            .map_or("-".into(), |p| format!("{:.3}", p.violation_rate))
+    });
 }
 
 /// The exec pool of `--runner exec:COMMAND`: `--workers` workers here, each running the command
