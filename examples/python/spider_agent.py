@@ -42,6 +42,13 @@ Two ways to run it:
    ``main_llm`` resource in ``$AGL_RESOURCES`` when there is one, and prints
    ``{"reward": x}`` as its last stdout line (diagnostics go to stderr).
 
+With ``--tool`` (or ``SPIDER_AGENT_TOOL=1``, for the runner mode) the agent offers the model a
+``run_sql`` tool (``{"query": string}``) and forces it with ``tool_choice``, so its SQL goes
+through agl's gateway as a tool call, where a policy file that marks ``run_sql.query`` as SQL
+(``sql_arguments``) has the kernel check it before the agent sees it. It runs the query of the
+call it gets; an answer without the call (the gateway replaced a blocked call with a refusal, or
+answered 403 with ``on_block: error``) earns 0 and is logged with the refusal.
+
 Tracing: the runner uses agentlightning's ``OtelTracer`` (the gateway already records every
 model call with its token ids; the runner adds the reward span). Set
 ``LITELLM_LOCAL_MODEL_COST_MAP=True`` offline (agentlightning imports litellm, which otherwise
@@ -82,18 +89,63 @@ def sampling(params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+RUN_SQL_TOOL: Dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "run_sql",
+        "description": "Run one read-only SQLite query against the question's database.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "one SQLite statement"}},
+            "required": ["query"],
+        },
+    },
+}
+TOOL_REMINDER = "Call the run_sql tool with your query."
+
+# --tool / SPIDER_AGENT_TOOL=1: the SQL goes through the gateway as a `run_sql` tool call.
+USE_TOOL = "--tool" in sys.argv[1:] or os.environ.get("SPIDER_AGENT_TOOL") == "1"
+
+
+async def write_sql(client: openai.AsyncOpenAI, model: str, task: Dict[str, Any], params: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's SQL for the task: from its reply's ```sql block, or (``USE_TOOL``) from the
+    ``query`` of its ``run_sql`` call. ``{"sql": str | None, "refusal": str | None}``."""
+    messages = spider_sql.write_messages(task["schema"], task["question"])
+    if not USE_TOOL:
+        response = await client.chat.completions.create(model=model, messages=messages, **params)  # type: ignore[arg-type]
+        return {"sql": spider_sql.extract_sql(response.choices[0].message.content or ""), "refusal": None}
+    messages[-1]["content"] += "\n" + TOOL_REMINDER
+    try:
+        response = await client.chat.completions.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            tools=[RUN_SQL_TOOL],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "run_sql"}},
+            **params,
+        )
+    except openai.PermissionDeniedError as e:  # on_block: error (403 policy_violation)
+        return {"sql": None, "refusal": str(e)}
+    message = response.choices[0].message
+    for call in message.tool_calls or []:
+        if call.function.name == "run_sql":
+            try:
+                query = json.loads(call.function.arguments).get("query")
+            except (ValueError, AttributeError):
+                query = None
+            return {"sql": query if isinstance(query, str) else None, "refusal": None}
+    # No call: the gateway replaced a blocked call with a refusal the agent can read.
+    return {"sql": None, "refusal": message.content}
+
+
 async def solve(client: openai.AsyncOpenAI, model: str, task: Dict[str, Any], params: Dict[str, Any]) -> float:
     """One write turn and its reward: the model's SQL for the task, scored against the gold."""
-    messages = spider_sql.write_messages(task["schema"], task["question"])
-    response = await client.chat.completions.create(model=model, messages=messages, **params)  # type: ignore[arg-type]
-    reply = response.choices[0].message.content or ""
-    sql = spider_sql.extract_sql(reply)
+    answer = await write_sql(client, model, task, params)
+    sql = answer["sql"]
     reward, error = await asyncio.to_thread(spider_sql.reward, task["db_path"], task["gold"], sql, SQL_TIMEOUT)
-    print(
-        json.dumps({"id": task.get("id"), "predicted": sql, "reward": reward, "error": error}),
-        file=sys.stderr,
-        flush=True,
-    )
+    line = {"id": task.get("id"), "predicted": sql, "reward": reward, "error": error}
+    if answer["refusal"] is not None:
+        line["refusal"] = answer["refusal"]
+    print(json.dumps(line), file=sys.stderr, flush=True)
     return reward
 
 
@@ -223,6 +275,7 @@ def main() -> int:
     parser.add_argument("--n-runners", type=int, default=1, help="runner processes (runner mode)")
     parser.add_argument("--max-rollouts", type=int, default=None, help="stop each runner after N rollouts")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls of an empty queue")
+    parser.add_argument("--tool", action="store_true", help="send the SQL as a run_sql tool call (see the module docs)")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("SPIDER_AGENT_LOG", "WARNING"))
     if args.exec:

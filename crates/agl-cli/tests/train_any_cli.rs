@@ -244,6 +244,49 @@ fn curl_missing() -> bool {
         .is_err()
 }
 
+/// A shell agent in a temporary directory, trained through `--runner exec:`: its script, its
+/// tasks file and the runner flag.
+struct ShellRun {
+    dir: tempfile::TempDir,
+    tasks: String,
+    runner: String,
+}
+
+impl ShellRun {
+    fn new(script: &str, tasks: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = dir.path().join("agent.sh");
+        std::fs::write(&agent, script).unwrap();
+        let path = dir.path().join("tasks.jsonl");
+        std::fs::write(&path, tasks).unwrap();
+        ShellRun {
+            tasks: path.to_str().unwrap().to_string(),
+            runner: format!("exec:sh {}", agent.display()),
+            dir,
+        }
+    }
+
+    /// `DIR/name` as a string.
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_string()
+    }
+
+    /// `agl train --algorithm ALG --train-dataset TASKS --runner exec:… EXTRA`.
+    fn train(&self, algorithm: &str, extra: &[&str]) -> std::process::Output {
+        let mut a = vec![
+            "train",
+            "--algorithm",
+            algorithm,
+            "--train-dataset",
+            &self.tasks,
+            "--runner",
+            &self.runner,
+        ];
+        a.extend_from_slice(extra);
+        agl(&a)
+    }
+}
+
 /// One SFT iteration with the real model (Agent Lightning's Unsloth example): roll out, keep
 /// the top half of the samples by reward, fine-tune; the adapter it leaves is served by
 /// `agl llm serve --adapter`. Then the same from demonstrations, and GRPO starting from the SFT
@@ -254,40 +297,30 @@ fn one_sft_iteration_leaves_an_adapter_that_is_served() {
         eprintln!("SKIP: the built-in model or curl is unavailable here");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let agent = dir.path().join("agent.sh");
-    std::fs::write(&agent, COUNTING_AGENT).unwrap();
-    let tasks = dir.path().join("tasks.jsonl");
-    std::fs::write(&tasks, "{\"n\": 1}\n{\"n\": 2}\n").unwrap();
-    let ckpt = dir.path().join("sft");
-    let report = dir.path().join("report.json");
-    let runner = format!("exec:sh {}", agent.display());
-    let o = agl(&[
-        "train",
-        "--algorithm",
+    let run = ShellRun::new(COUNTING_AGENT, "{\"n\": 1}\n{\"n\": 2}\n");
+    let (ckpt, report) = (run.path("sft"), run.path("report.json"));
+    let o = run.train(
         "sft",
-        "--train-dataset",
-        tasks.to_str().unwrap(),
-        "--keep-order",
-        "--runner",
-        &runner,
-        "--steps",
-        "1",
-        "--tasks-per-step",
-        "2",
-        "--group-size",
-        "2",
-        "--max-tokens",
-        "8",
-        "--workers",
-        "4",
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-        "--report",
-        report.to_str().unwrap(),
-    ]);
+        &[
+            "--keep-order",
+            "--steps",
+            "1",
+            "--tasks-per-step",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "8",
+            "--workers",
+            "4",
+            "--checkpoint-dir",
+            &ckpt,
+            "--report",
+            &report,
+        ],
+    );
     assert!(o.status.success(), "{}", common::stderr(&o));
-    let r = common::json_file(&report);
+    let r = common::json_file(std::path::Path::new(&report));
     assert_eq!(r["algorithm"], "sft");
     assert_eq!(r["config"]["sft"]["top_fraction"], 0.5);
     assert!(r["config"].get("grpo").is_none(), "{}", r["config"]);
@@ -296,7 +329,7 @@ fn one_sft_iteration_leaves_an_adapter_that_is_served() {
     assert_eq!(update["samples"], 4, "{update}");
     assert_eq!(update["trained_samples"], 2, "{update}");
     assert!(update["loss"].as_f64().unwrap() > 0.0, "{update}");
-    let fin = ckpt.join("final");
+    let fin = std::path::Path::new(&ckpt).join("final");
     let state = common::json_file(&fin.join("trainer_state.json"));
     assert_eq!(state["algorithm"], "sft");
     let (serve, addr) = common::serve_adapter("sft", &fin);
@@ -307,7 +340,7 @@ fn one_sft_iteration_leaves_an_adapter_that_is_served() {
     drop(serve);
 
     // From demonstrations: no rollouts, the loss of each step in the report.
-    let demos = dir.path().join("demos.jsonl");
+    let demos = run.path("demos.jsonl");
     std::fs::write(
         &demos,
         concat!(
@@ -318,13 +351,13 @@ fn one_sft_iteration_leaves_an_adapter_that_is_served() {
         ),
     )
     .unwrap();
-    let demo_ckpt = dir.path().join("demo");
+    let demo_ckpt = run.path("demo");
     let o = agl(&[
         "train",
         "--algorithm",
         "sft",
         "--demonstrations",
-        demos.to_str().unwrap(),
+        &demos,
         "--steps",
         "2",
         "--tasks-per-step",
@@ -332,44 +365,45 @@ fn one_sft_iteration_leaves_an_adapter_that_is_served() {
         "--lr",
         "1e-3",
         "--checkpoint-dir",
-        demo_ckpt.to_str().unwrap(),
+        &demo_ckpt,
         "--report",
-        report.to_str().unwrap(),
+        &report,
     ]);
     assert!(o.status.success(), "{}", common::stderr(&o));
-    let r = common::json_file(&report);
+    let r = common::json_file(std::path::Path::new(&report));
     assert_eq!(r["data"]["demonstration_examples"], 2);
     let loss = |i: usize| r["curve"][i]["update"]["loss"].as_f64().unwrap();
     assert!(loss(1) < loss(0), "{} then {}", loss(0), loss(1));
-    assert!(demo_ckpt.join("final/adapter_model.safetensors").is_file());
+    assert!(
+        std::path::Path::new(&demo_ckpt)
+            .join("final/adapter_model.safetensors")
+            .is_file()
+    );
 
     // GRPO from the SFT adapter: the adapter's shape is kept.
-    let grpo_ckpt = dir.path().join("grpo");
-    let o = agl(&[
-        "train",
-        "--algorithm",
+    let grpo_ckpt = run.path("grpo");
+    let o = run.train(
         "grpo",
-        "--train-dataset",
-        tasks.to_str().unwrap(),
-        "--runner",
-        &runner,
-        "--steps",
-        "1",
-        "--tasks-per-step",
-        "1",
-        "--group-size",
-        "2",
-        "--max-tokens",
-        "8",
-        "--lora-rank",
-        "4",
-        "--init-adapter",
-        fin.to_str().unwrap(),
-        "--checkpoint-dir",
-        grpo_ckpt.to_str().unwrap(),
-    ]);
+        &[
+            "--steps",
+            "1",
+            "--tasks-per-step",
+            "1",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "8",
+            "--lora-rank",
+            "4",
+            "--init-adapter",
+            fin.to_str().unwrap(),
+            "--checkpoint-dir",
+            &grpo_ckpt,
+        ],
+    );
     assert!(o.status.success(), "{}", common::stderr(&o));
-    let state = common::json_file(&grpo_ckpt.join("final/trainer_state.json"));
+    let state =
+        common::json_file(&std::path::Path::new(&grpo_ckpt).join("final/trainer_state.json"));
     assert_eq!(state["algorithm"], "grpo");
     assert_eq!(
         state["lora_rank"], 8,
@@ -385,8 +419,19 @@ fn sft_refuses_bad_demonstrations_and_an_empty_selection() {
         eprintln!("SKIP: the built-in model or curl is unavailable here");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let demos = dir.path().join("demos.jsonl");
+    let run = ShellRun::new(COUNTING_AGENT, "{\"silent\": true}\n");
+    let (demos, ckpt) = (run.path("demos.jsonl"), run.path("ckpt"));
+    let sft_on = |demos: &str| {
+        agl(&[
+            "train",
+            "--algorithm",
+            "sft",
+            "--demonstrations",
+            demos,
+            "--checkpoint-dir",
+            &ckpt,
+        ])
+    };
     std::fs::write(
         &demos,
         concat!(
@@ -397,54 +442,26 @@ fn sft_refuses_bad_demonstrations_and_an_empty_selection() {
         ),
     )
     .unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let o = agl(&[
-        "train",
-        "--algorithm",
-        "sft",
-        "--demonstrations",
-        demos.to_str().unwrap(),
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-    ]);
-    assert_one_line_error(&o, 1, "example 2: unknown field `prompt`");
+    assert_one_line_error(&sft_on(&demos), 1, "example 2: unknown field `prompt`");
     std::fs::write(&demos, r#"{"tools": []}"#).unwrap();
-    let o = agl(&[
-        "train",
-        "--algorithm",
-        "sft",
-        "--demonstrations",
-        demos.to_str().unwrap(),
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-    ]);
-    assert_one_line_error(&o, 1, "example 1: no `messages` field");
-    assert!(!ckpt.exists());
+    assert_one_line_error(&sft_on(&demos), 1, "example 1: no `messages` field");
+    assert!(!std::path::Path::new(&ckpt).exists());
 
-    let agent = dir.path().join("agent.sh");
-    std::fs::write(&agent, COUNTING_AGENT).unwrap();
-    let tasks = dir.path().join("tasks.jsonl");
-    std::fs::write(&tasks, "{\"silent\": true}\n").unwrap();
-    let runner = format!("exec:sh {}", agent.display());
-    let o = agl(&[
-        "train",
-        "--algorithm",
+    let o = run.train(
         "sft",
-        "--train-dataset",
-        tasks.to_str().unwrap(),
-        "--runner",
-        &runner,
-        "--steps",
-        "1",
-        "--tasks-per-step",
-        "1",
-        "--group-size",
-        "2",
-        "--max-tokens",
-        "4",
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-    ]);
+        &[
+            "--steps",
+            "1",
+            "--tasks-per-step",
+            "1",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+            "--checkpoint-dir",
+            &ckpt,
+        ],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
     let err = common::stderr(&o);
     let last = err.lines().last().unwrap_or_default();
@@ -454,7 +471,7 @@ fn sft_refuses_bad_demonstrations_and_an_empty_selection() {
             && last.contains("nothing was trained"),
         "{err}"
     );
-    assert!(!ckpt.join("final").exists());
+    assert!(!std::path::Path::new(&ckpt).join("final").exists());
 }
 
 /// `--compare` with an outside agent: one run per training mode, the same seed and tasks, the
@@ -465,50 +482,39 @@ fn compare_trains_an_outside_agent_once_per_mode() {
         eprintln!("SKIP: the built-in model or curl is unavailable here");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let agent = dir.path().join("agent.sh");
-    std::fs::write(&agent, COUNTING_AGENT).unwrap();
-    let tasks = dir.path().join("tasks.jsonl");
-    std::fs::write(&tasks, "{\"n\": 1}\n").unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let report = dir.path().join("report.json");
-    let runner = format!("exec:sh {}", agent.display());
-    let o = agl(&[
-        "train",
-        "--algorithm",
+    let run = ShellRun::new(COUNTING_AGENT, "{\"n\": 1}\n");
+    let (ckpt, report) = (run.path("ckpt"), run.path("report.json"));
+    let o = run.train(
         "grpo",
-        "--train-dataset",
-        tasks.to_str().unwrap(),
-        "--runner",
-        &runner,
-        "--steps",
-        "1",
-        "--tasks-per-step",
-        "1",
-        "--group-size",
-        "2",
-        "--max-tokens",
-        "4",
-        "--compare",
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-        "--report",
-        report.to_str().unwrap(),
-    ]);
+        &[
+            "--steps",
+            "1",
+            "--tasks-per-step",
+            "1",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+            "--compare",
+            "--checkpoint-dir",
+            &ckpt,
+            "--report",
+            &report,
+        ],
+    );
     assert!(o.status.success(), "{}", common::stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("== comparison =="), "{out}");
-    let r = common::json_file(&report);
+    let r = common::json_file(std::path::Path::new(&report));
     assert_eq!(r["compare"], serde_json::json!(["audit", "enforce"]));
     let runs = r["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
-    for (run, mode) in runs.iter().zip(["audit", "enforce"]) {
-        assert_eq!(run["config"]["governance"], mode);
-        assert_eq!(run["curve"].as_array().unwrap().len(), 1);
-        assert!(
-            ckpt.join(mode)
-                .join("final/adapter_model.safetensors")
-                .is_file()
-        );
+    for (one, mode) in runs.iter().zip(["audit", "enforce"]) {
+        assert_eq!(one["config"]["governance"], mode);
+        assert_eq!(one["curve"].as_array().unwrap().len(), 1);
+        let adapter = std::path::Path::new(&ckpt)
+            .join(mode)
+            .join("final/adapter_model.safetensors");
+        assert!(adapter.is_file(), "{}", adapter.display());
     }
 }

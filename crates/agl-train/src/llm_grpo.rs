@@ -599,6 +599,32 @@ pub(crate) fn micro_batch(
     })
 }
 
+/// AdamW over a LoRA adapter's `vars` on `model`, which must be dense.
+///
+/// # Errors
+/// [`TrainError::Config`] for a quantized model (no gradient flows through quantized weights,
+/// and the sampler's log-probabilities would not be the ones training recomputes); candle's.
+pub(crate) fn lora_optimizer(
+    model: &LlamaModel,
+    vars: &[Var],
+    learning_rate: f64,
+    weight_decay: f64,
+) -> Result<AdamW, TrainError> {
+    if !model.is_dense() {
+        return Err(TrainError::Config(
+            "training needs the dense (f32) weights: start the engine with --weights dense".into(),
+        ));
+    }
+    Ok(AdamW::new(
+        vars.to_vec(),
+        ParamsAdamW {
+            lr: learning_rate,
+            weight_decay,
+            ..ParamsAdamW::default()
+        },
+    )?)
+}
+
 /// Adds `grads` into `acc` for every variable of `vars` (the sum over micro-batches).
 ///
 /// # Errors
@@ -638,20 +664,7 @@ impl LlmGrpo {
         config: LlmGrpoConfig,
     ) -> Result<Self, TrainError> {
         config.validate()?;
-        if !model.is_dense() {
-            return Err(TrainError::Config(
-                "training needs the dense (f32) weights: start the engine with --weights dense"
-                    .into(),
-            ));
-        }
-        let optimizer = AdamW::new(
-            vars.clone(),
-            ParamsAdamW {
-                lr: config.learning_rate,
-                weight_decay: config.weight_decay,
-                ..ParamsAdamW::default()
-            },
-        )?;
+        let optimizer = lora_optimizer(&model, &vars, config.learning_rate, config.weight_decay)?;
         Ok(Self {
             config,
             model,

@@ -31,13 +31,13 @@ use std::time::Instant;
 
 use agl_llm::{LlamaModel, LoraAdapter};
 use candle_core::Var;
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use candle_nn::{AdamW, Optimizer};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
 use crate::grpo::clip_grad_norm;
 use crate::learner::Learner;
-use crate::llm_grpo::{accumulate, chunk_by_prompt, micro_batch};
+use crate::llm_grpo::{accumulate, chunk_by_prompt, lora_optimizer, micro_batch};
 use crate::{LlmStepStats, TokenSample};
 
 /// Share of a step's samples kept for fine-tuning by default (the Unsloth example's top half).
@@ -161,20 +161,7 @@ impl LlmSft {
         config: LlmSftConfig,
     ) -> Result<Self, TrainError> {
         config.validate()?;
-        if !model.is_dense() {
-            return Err(TrainError::Config(
-                "training needs the dense (f32) weights: start the engine with --weights dense"
-                    .into(),
-            ));
-        }
-        let optimizer = AdamW::new(
-            vars.clone(),
-            ParamsAdamW {
-                lr: config.learning_rate,
-                weight_decay: config.weight_decay,
-                ..ParamsAdamW::default()
-            },
-        )?;
+        let optimizer = lora_optimizer(&model, &vars, config.learning_rate, config.weight_decay)?;
         Ok(Self {
             config,
             model,

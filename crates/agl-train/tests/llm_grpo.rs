@@ -5,30 +5,18 @@
 //! tokens a constraint forced stay out of the loss.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::engine;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use agl_core::Triplet;
-use agl_llm::{
-    Engine, EngineConfig, GenerateRequest, LlamaModel, LoraAdapter, LoraConfig, ModelFiles,
-    SamplingParams, WeightFormat,
-};
+use agl_llm::{Engine, GenerateRequest, LlamaModel, LoraAdapter, LoraConfig, SamplingParams};
 use agl_train::{LlmGrpo, LlmGrpoConfig, TokenSample, assign_advantages, samples_from_triplets};
 use candle_core::{Device, Tensor};
 use serde_json::json;
-
-fn engine() -> Option<Engine> {
-    let home = agl_llm::hub::agl_home();
-    let path = match agl_llm::hub::ensure("smollm2-135m-instruct", &home) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("SKIP: the built-in model is unobtainable here: {e}");
-            return None;
-        }
-    };
-    let lm = agl_llm::load(&ModelFiles::Gguf(path), &Device::Cpu, WeightFormat::Dense).unwrap();
-    Some(Engine::start(lm, EngineConfig::default()).unwrap())
-}
 
 /// G sampled answers to one question, as the adapter's triplets would carry them.
 fn sampled_triplets(engine: &Engine, g: usize) -> Vec<Triplet> {

@@ -4,25 +4,15 @@
 //! negative log-likelihood, and a step with nothing to select trains nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::engine;
+
 use std::collections::HashMap;
 
-use agl_llm::{Engine, EngineConfig, LoraAdapter, LoraConfig, ModelFiles, Target, WeightFormat};
+use agl_llm::{Engine, LoraAdapter, LoraConfig, Target};
 use agl_train::{Demonstration, Learner, LlmSft, LlmSftConfig, TrainError, demonstration_samples};
-use candle_core::Device;
 use serde_json::json;
-
-fn engine() -> Option<Engine> {
-    let home = agl_llm::hub::agl_home();
-    let path = match agl_llm::hub::ensure("smollm2-135m-instruct", &home) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("SKIP: the built-in model is unobtainable here: {e}");
-            return None;
-        }
-    };
-    let lm = agl_llm::load(&ModelFiles::Gguf(path), &Device::Cpu, WeightFormat::Dense).unwrap();
-    Some(Engine::start(lm, EngineConfig::default()).unwrap())
-}
 
 fn demo(position: usize, messages: serde_json::Value) -> Demonstration {
     Demonstration {
