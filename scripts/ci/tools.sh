@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Tool calls and structured outputs of `agl llm serve` through unchanged agent frameworks:
-# langchain-openai, the OpenAI Agents SDK, LiteLLM and the official `openai` client (issue 29).
+# langchain-openai, the OpenAI Agents SDK, LiteLLM and the official `openai` client (issue 29);
+# then a LangChain agent under the governed gateway of `agl store --llm`, whose policy denies the
+# one tool the model is forced to call: the tool never runs and the agent reads the refusal
+# (issue 31).
 #
 # Usage: scripts/ci/tools.sh [MODEL]
 #   MODEL  the model to pull and serve (default smollm2-135m-instruct)
@@ -18,7 +21,10 @@
 # `agl model pull MODEL` (a no-op when cached); `agl llm serve --port 0` in the background (its
 # first stdout line gives the address); scripts/ci/tools/tools_test.py, which prints PASS or FAIL
 # and the reason for each check; the server is always stopped (SIGTERM, then SIGKILL after 10 s),
-# and its log's last lines are printed when a check failed.
+# and its log's last lines are printed when a check failed. Then `agl store --llm MODEL --port 0
+# --llm-policy POLICY --llm-audit-log DB` (POLICY denies the tool `delete_all_rows`, `on_block:
+# refuse`), scripts/ci/tools/governed_test.py against it (see its docs), and, once that server has
+# stopped, `agl audit verify DB` and its blocked `tool_call` entries of `delete_all_rows`.
 #
 # Exit status: 0 when every check passed, 1 otherwise. Needs network access to PyPI only when the
 # venv has to be (re)built or the model has not been pulled yet.
@@ -73,6 +79,49 @@ if [ "$status" -ne 0 ]; then
         echo "tools.sh: the checks did not finish within $TEST_TIMEOUT s" >&2
     fi
     echo "tools.sh: FAILED; last lines of the server log:" >&2
+    tail -n 40 "$WORK/server.err" >&2 || true
+    exit 1
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 4. A LangChain agent under the governed gateway (agl store --llm with a policy).
+# ---------------------------------------------------------------------------------------------
+GOVERNED_TEST="$ROOT/scripts/ci/tools/governed_test.py"
+cat >"$WORK/policy.yaml" <<'YAML'
+version: 1
+mode: enforce
+on_block: refuse
+policies:
+  - type: tool_policy
+    config: {deny: [delete_all_rows]}
+YAML
+T_GOV=$SECONDS
+echo "+ $AGL store --llm $MODEL --port 0 --llm-policy $WORK/policy.yaml --llm-audit-log $WORK/audit.db &" >&2
+"$AGL" store --llm "$MODEL" --port 0 --llm-policy "$WORK/policy.yaml" --llm-audit-log "$WORK/audit.db" \
+    >"$WORK/server.out" 2>"$WORK/server.err" &
+SERVER_PID=$!
+wait_for_listening 180
+echo "tools.sh: governed store at $URL" >&2
+run timeout --kill-after=10 300 "$PY" "$GOVERNED_TEST" --url "$URL" --model "$MODEL" || status=$?
+stop_server
+if [ "$status" -eq 0 ]; then
+    run "$AGL" audit verify "$WORK/audit.db" || status=1
+    run "$AGL" audit export --format jsonl --out "$WORK/audit.jsonl" "$WORK/audit.db" || status=1
+    # The gateway's two refused calls and the agent's own check: three blocked tool calls.
+    "$PY" - "$WORK/audit.jsonl" <<'PY' || status=1
+import json, sys
+entries = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+blocked = [e for e in entries if e["action_type"] == "tool_call" and e["verdict"] == "block"
+           and e["action"]["kind"].get("name") == "delete_all_rows"]
+ok = len(blocked) >= 3 and all("tool_policy" in e["policies"] and e["rollout_id"] for e in blocked)
+print(f"{'PASS' if ok else 'FAIL'}: the flight recorder has {len(blocked)} blocked delete_all_rows calls "
+      f"({len(entries)} entries)")
+sys.exit(0 if ok else 1)
+PY
+fi
+echo "tools.sh: governed agent took $((SECONDS - T_GOV)) s" >&2
+if [ "$status" -ne 0 ]; then
+    echo "tools.sh: FAILED (governed agent); last lines of the server log:" >&2
     tail -n 40 "$WORK/server.err" >&2 || true
     exit 1
 fi

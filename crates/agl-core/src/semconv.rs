@@ -129,6 +129,9 @@ pub mod agl {
     pub const GATEWAY_BLOCKED: &str = "agl.gateway.blocked";
     /// Gateway: whether the response was redacted before the agent saw it (bool).
     pub const GATEWAY_REDACTED: &str = "agl.gateway.redacted";
+    /// Gateway: whether the agent was sent a refusal in place of the blocked part of the
+    /// response (policy file `on_block: refuse`; bool). The span keeps the model's real output.
+    pub const GATEWAY_REFUSED: &str = "agl.gateway.refused";
     /// Gateway: the `model` the agent's request named, when the gateway rewrote it to the
     /// attempt's model or adapter version (string; absent when the request was forwarded with
     /// the name it had). The call's `gen_ai.request.model` is the name sent upstream.

@@ -34,8 +34,9 @@ use crate::cache::{CheckCache, Memo, StatementRef};
 use crate::error::GovError;
 use crate::policies::sql_text::{ParsedSql, parse_sql};
 use crate::recorder::FlightRecorder;
+use crate::sql_arguments::SqlArgument;
 use crate::types::{
-    Decision, Effect, Finding, GovernanceMode, Severity, Signal, Verdict, Violation,
+    Decision, Effect, Finding, GovernanceMode, OnBlock, Severity, Signal, Verdict, Violation,
 };
 
 /// What a policy inspects: the action (possibly already rewritten by an earlier policy) and
@@ -186,6 +187,10 @@ pub struct Kernel {
     stopped: Mutex<HashSet<String>>,
     /// The check cache and this kernel's policy version in it.
     cache: Option<(Arc<CheckCache>, u64)>,
+    /// Tool arguments that carry SQL.
+    sql_arguments: Vec<SqlArgument>,
+    /// What the LLM gateway tells an agent whose model output is blocked.
+    on_block: OnBlock,
     checks: AtomicU64,
     cached_checks: AtomicU64,
     check_nanos: AtomicU64,
@@ -327,6 +332,8 @@ impl Kernel {
             recorder: None,
             stopped: Mutex::new(HashSet::new()),
             cache: None,
+            sql_arguments: Vec::new(),
+            on_block: OnBlock::default(),
             checks: AtomicU64::new(0),
             cached_checks: AtomicU64::new(0),
             check_nanos: AtomicU64::new(0),
@@ -408,6 +415,33 @@ impl Kernel {
         self.mode
     }
 
+    /// Declares a tool argument that carries SQL: a `tool_call` to `mark.tool` is also checked
+    /// as the `sql` action it carries (see [`Kernel::check`]). Declarations are tried in the
+    /// order they were added; the first that applies to a call is used.
+    pub fn with_sql_argument(mut self, mark: SqlArgument) -> Self {
+        self.sql_arguments.push(mark);
+        self
+    }
+
+    /// The declared SQL-carrying tool arguments, in order.
+    pub fn sql_arguments(&self) -> &[SqlArgument] {
+        &self.sql_arguments
+    }
+
+    /// Sets what the LLM gateway tells an agent whose model output is blocked (default
+    /// [`OnBlock::Refuse`]). The kernel itself decides the same either way; the setting
+    /// travels with the kernel so that every gateway built from a policy file honours the
+    /// file's `on_block`.
+    pub fn with_on_block(mut self, on_block: OnBlock) -> Self {
+        self.on_block = on_block;
+        self
+    }
+
+    /// What the LLM gateway tells an agent whose model output is blocked.
+    pub fn on_block(&self) -> OnBlock {
+        self.on_block
+    }
+
     /// Names of the policies (as recorded in violations), in the order they run.
     pub fn policy_names(&self) -> Vec<String> {
         self.policies.iter().map(|p| p.name.clone()).collect()
@@ -441,16 +475,50 @@ impl Kernel {
     /// 5. Calls [`Policy::record_outcome`] on every policy with the action that executes.
     /// 6. Appends one entry to the flight recorder, if set.
     ///
+    /// # Tool calls that carry SQL
+    /// When the action is a `tool_call` and a declared [`SqlArgument`]
+    /// ([`Kernel::with_sql_argument`], a policy file's `sql_arguments`) applies to it (same
+    /// tool, and its argument is a string), steps 1-3 also run on the `sql` action it carries
+    /// ([`SqlArgument::derive`]: same context; the arguments of the tool call's own rewrite
+    /// when its policies modified it), and the decision returned combines both: every
+    /// violation (the tool call's first, then the statement's), the strongest verdict
+    /// (`block` > `modify` > `warn` > `allow`; audit mode stays at `warn`), the signals of
+    /// both (step 4 runs once, on the combination), and, when the verdict is `modify`, a
+    /// `tool_call` rewrite whose SQL argument holds the rewritten statement. Every policy is
+    /// told (step 5) whether the call executes, for both actions (so a `rate_limit` that counts
+    /// both `tool_call` and `sql` actions counts such a call twice). The flight recorder gets two
+    /// entries, each holding its own action and the decision of its own checks: first the
+    /// `tool_call`, then the derived `sql` action (so the recorder's counts do not count a
+    /// violation twice; the combined verdict is the stronger of the two entries'). A marked
+    /// argument that is missing or not a string gets no SQL check: the call is judged as any
+    /// other tool call (give the tool policy an argument constraint to refuse such shapes).
+    ///
     /// # Errors
     /// Only errors of the flight recorder; the policies have already been told the outcome.
     pub fn check(&self, action: &Action) -> Result<Decision, GovError> {
         let started = Instant::now();
-        let (decision, subject, all_cached) = self.decide(action, true);
-        let executes = decision.executes();
-        for entry in &self.policies {
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                entry.policy.record_outcome(&subject, executes)
-            }));
+        let mark = self.sql_argument_for(action);
+        let (own, subject, mut all_cached) = self.decide(action, mark.is_none());
+        let sql_action = mark.and_then(|m| {
+            let kind = own.effective_kind(&action.kind).unwrap_or(&action.kind);
+            m.derive(kind, action)
+        });
+        let carried = sql_action.as_ref().map(|a| self.decide(a, false));
+        let combined = match (mark, &carried) {
+            (Some(m), Some((sql, _, _))) => {
+                all_cached = false;
+                Some(self.combine(m, action, &own, sql, true))
+            }
+            _ => None,
+        };
+        let executes = combined.as_ref().unwrap_or(&own).executes();
+        let subjects = std::iter::once(&subject).chain(carried.as_ref().map(|c| &c.1));
+        for subject in subjects {
+            for entry in &self.policies {
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    entry.policy.record_outcome(subject, executes)
+                }));
+            }
         }
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.checks.fetch_add(1, Ordering::Relaxed);
@@ -461,18 +529,99 @@ impl Kernel {
             self.cached_checks.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(rec) = &self.recorder {
-            rec.append(action, &decision)?;
+            rec.append(action, &own)?;
+            if let (Some(a), Some((d, _, _))) = (&sql_action, &carried) {
+                rec.append(a, d)?;
+            }
         }
-        Ok(decision)
+        Ok(combined.unwrap_or(own))
     }
 
     /// What [`Kernel::check`] would decide for `action` now, without any effect: no policy is
     /// told an outcome (budgets, call counts and rate windows do not move), no signal state
     /// changes (the decision carries the findings' own signals only), and nothing is
     /// recorded. For gating partial output (the LLM gateway checks the text it is about to
-    /// stream with this, and checks the whole response with [`Kernel::check`] once).
+    /// stream with this, and checks the whole response with [`Kernel::check`] once). A tool
+    /// call that carries SQL is combined with its statement as [`Kernel::check`] does.
     pub fn preview(&self, action: &Action) -> Decision {
-        self.decide(action, false).0
+        let own = self.decide(action, false).0;
+        let Some(mark) = self.sql_argument_for(action) else {
+            return own;
+        };
+        let kind = own.effective_kind(&action.kind).unwrap_or(&action.kind);
+        match mark.derive(kind, action) {
+            Some(sql_action) => {
+                let sql = self.decide(&sql_action, false).0;
+                self.combine(mark, action, &own, &sql, false)
+            }
+            None => own,
+        }
+    }
+
+    /// The first declared [`SqlArgument`] that applies to `action` (a tool call).
+    fn sql_argument_for(&self, action: &Action) -> Option<&SqlArgument> {
+        let ActionKind::ToolCall { name, arguments } = &action.kind else {
+            return None;
+        };
+        self.sql_arguments
+            .iter()
+            .find(|m| m.applies(name, arguments))
+    }
+
+    /// The decision on a tool call (`own`) combined with that on the SQL it carries (`sql`);
+    /// see [`Kernel::check`]. `stateful`: the signal step updates the stopped-agent set.
+    fn combine(
+        &self,
+        mark: &SqlArgument,
+        action: &Action,
+        own: &Decision,
+        sql: &Decision,
+        stateful: bool,
+    ) -> Decision {
+        let rank = |v: Verdict| match v {
+            Verdict::Allow => 0,
+            Verdict::Warn => 1,
+            Verdict::Modify => 2,
+            Verdict::Block => 3,
+        };
+        let verdict = if rank(sql.verdict) > rank(own.verdict) {
+            sql.verdict
+        } else {
+            own.verdict
+        };
+        let mut violations = own.violations.clone();
+        violations.extend(sql.violations.iter().cloned());
+        let rewritten = match verdict {
+            Verdict::Modify => {
+                let base = match &own.rewritten {
+                    Some(k @ ActionKind::ToolCall { .. }) => k.clone(),
+                    _ => action.kind.clone(),
+                };
+                match (base, &sql.rewritten) {
+                    (
+                        ActionKind::ToolCall { name, arguments },
+                        Some(ActionKind::Sql { sql: rewritten, .. }),
+                    ) => Some(ActionKind::ToolCall {
+                        name,
+                        arguments: mark.put_back(arguments, rewritten),
+                    }),
+                    (base, _) => Some(base),
+                }
+            }
+            _ => None,
+        };
+        let signals = if self.mode == GovernanceMode::Enforce {
+            self.signals(action, verdict, &violations, stateful)
+        } else {
+            Vec::new()
+        };
+        Decision {
+            verdict,
+            mode: self.mode,
+            violations,
+            rewritten,
+            signals,
+        }
     }
 
     /// The findings of the policy at `index` on `subject`, from the cache (through `memo`,
@@ -1005,6 +1154,120 @@ mod tests {
         k.check(&tool).unwrap();
         assert_eq!(pure.seen.lock().unwrap().len(), 4);
         assert_eq!(k.stats().cached_checks, 2);
+    }
+
+    fn sql_tool_kernel(mode: GovernanceMode, config: crate::SqlPolicyConfig) -> Kernel {
+        Kernel::new(mode)
+            .with_policy(crate::SqlPolicy::new(config))
+            .with_policy(
+                crate::ToolPolicy::new(crate::ToolPolicyConfig {
+                    deny: vec!["shell".into()],
+                    ..crate::ToolPolicyConfig::default()
+                })
+                .unwrap(),
+            )
+            .with_sql_argument(SqlArgument::new("run_sql", "query").with_database_argument("db_id"))
+            .with_recorder(FlightRecorder::in_memory())
+    }
+
+    fn run_sql(query: &str) -> Action {
+        Action::tool_call(
+            "run_sql",
+            serde_json::json!({"query": query, "db_id": "concert_singer"}),
+        )
+        .with_rollout_id("ro-1")
+    }
+
+    #[test]
+    fn sql_in_a_marked_tool_argument_is_checked_by_the_sql_policies() {
+        let k = sql_tool_kernel(GovernanceMode::Enforce, crate::SqlPolicyConfig::default());
+        let d = k.check(&run_sql("DROP TABLE singer")).unwrap();
+        assert_eq!(d.verdict, Verdict::Block);
+        assert_eq!(d.policies(), vec!["sql_safety"]);
+        assert!(d.violations.iter().all(Violation::blocked), "{d:?}");
+        // The same statement as an unmarked tool's argument is not SQL to the kernel.
+        let other = Action::tool_call("search", serde_json::json!({"query": "DROP TABLE singer"}));
+        assert_eq!(k.check(&other).unwrap().verdict, Verdict::Allow);
+        // A marked argument that is not a string: no SQL check.
+        let shape = Action::tool_call("run_sql", serde_json::json!({"query": ["DROP TABLE x"]}));
+        assert_eq!(k.check(&shape).unwrap().verdict, Verdict::Allow);
+        let d = k.check(&run_sql("SELECT name FROM singer")).unwrap();
+        assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
+        assert_eq!(
+            k.preview(&run_sql("DROP TABLE singer")).verdict,
+            Verdict::Block
+        );
+        // Recorder: the DROP call gave two entries (the tool call with its own decision, then
+        // the derived statement, blocked, with the call's context); the other checks one or
+        // two each; preview none.
+        let rec = k.recorder().unwrap();
+        let page = rec.query(&crate::Query::default()).unwrap();
+        let kinds: Vec<(&str, Verdict)> = page
+            .entries
+            .iter()
+            .map(|e| (e.action_type.as_str(), e.verdict))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("tool_call", Verdict::Allow),
+                ("sql", Verdict::Block),
+                ("tool_call", Verdict::Allow),
+                ("tool_call", Verdict::Allow),
+                ("tool_call", Verdict::Allow),
+                ("sql", Verdict::Allow),
+            ]
+        );
+        let sql = &page.entries[1];
+        assert_eq!(sql.rollout_id.as_deref(), Some("ro-1"));
+        assert_eq!(
+            sql.action.kind,
+            ActionKind::Sql {
+                database: "concert_singer".into(),
+                sql: "DROP TABLE singer".into(),
+                dialect: Default::default(),
+            }
+        );
+        assert!(rec.verify_chain().unwrap().first_broken.is_none());
+    }
+
+    #[test]
+    fn a_marked_call_combines_both_decisions() {
+        // Audit: the DROP is reported as found, the call passes.
+        let k = sql_tool_kernel(GovernanceMode::Audit, crate::SqlPolicyConfig::default());
+        let d = k.check(&run_sql("DROP TABLE singer")).unwrap();
+        assert_eq!(d.verdict, Verdict::Warn);
+        assert!(d.violations.iter().any(Violation::blocked));
+        assert!(d.executes() && d.rewritten.is_none());
+        // Enforce with a row limit: the rewritten statement goes back into the arguments.
+        let config = crate::SqlPolicyConfig {
+            max_rows: Some(5),
+            ..crate::SqlPolicyConfig::default()
+        };
+        let k = sql_tool_kernel(GovernanceMode::Enforce, config);
+        let d = k.check(&run_sql("SELECT name FROM singer")).unwrap();
+        assert_eq!(d.verdict, Verdict::Modify, "{d:?}");
+        let Some(ActionKind::ToolCall { name, arguments }) = &d.rewritten else {
+            panic!("{d:?}");
+        };
+        assert_eq!(name, "run_sql");
+        assert_eq!(arguments["db_id"], "concert_singer");
+        let q = arguments["query"].as_str().unwrap();
+        assert!(q.contains("LIMIT 5"), "{q}");
+        // Violations of both: a denied tool name marked as SQL carrier, with a DROP.
+        let k = Kernel::new(GovernanceMode::Enforce)
+            .with_policy(crate::SqlPolicy::new(crate::SqlPolicyConfig::default()))
+            .with_policy(
+                crate::ToolPolicy::new(crate::ToolPolicyConfig {
+                    deny: vec!["run_sql".into()],
+                    ..crate::ToolPolicyConfig::default()
+                })
+                .unwrap(),
+            )
+            .with_sql_argument(SqlArgument::new("run_sql", "query"));
+        let d = k.check(&run_sql("DROP TABLE singer")).unwrap();
+        assert_eq!(d.verdict, Verdict::Block);
+        assert_eq!(d.policies(), vec!["tool_policy", "sql_safety"]);
     }
 
     #[test]

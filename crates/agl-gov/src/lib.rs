@@ -20,6 +20,8 @@
 //!   (`tool_policy`),
 //!   [`RateLimitPolicy`] (`rate_limit`), [`ContentPolicy`] (`content_safety`) and
 //!   [`CedarPolicy`] (`cedar`, authorisation with the Cedar policy language).
+//! * [`SqlArgument`]: tool arguments that carry SQL, so a `tool_call` to such a tool is also
+//!   judged by the SQL policies ([`Kernel::check`]).
 //! * [`PolicyFile`]: YAML files declaring a kernel, and the presets `strict`, `standard`,
 //!   `permissive` ([`PRESETS`]).
 //! * [`FlightRecorder`]: a tamper-evident, append-only SQLite log (hash chain, optionally
@@ -46,6 +48,7 @@ mod kernel;
 pub mod policies;
 mod policy_file;
 mod recorder;
+mod sql_arguments;
 mod types;
 
 pub use action::{Action, ActionKind, Context, SqlDialect};
@@ -75,4 +78,7 @@ pub use recorder::{
     Page, Query, RecordEntry, RecorderConfig, RecorderReader, Summary, VerifyOptions, VerifyReport,
     hmac_key_from_file, query_db, summary_db, verify, verify_lines,
 };
-pub use types::{Decision, Effect, Finding, GovernanceMode, Severity, Signal, Verdict, Violation};
+pub use sql_arguments::SqlArgument;
+pub use types::{
+    Decision, Effect, Finding, GovernanceMode, OnBlock, Severity, Signal, Verdict, Violation,
+};

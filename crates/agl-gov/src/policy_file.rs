@@ -11,6 +11,13 @@
 //! version: 1                 # required; the only version is 1
 //! description: "..."         # optional, free text
 //! mode: enforce              # optional: enforce (default) | audit
+//! on_block: refuse           # optional: refuse (default) | error: what the LLM gateway tells
+//!                            # an agent whose model output is blocked (see `OnBlock`)
+//! sql_arguments:             # optional: tool arguments that carry SQL; the SQL policies
+//!   - run_sql.query          # check them too (see `SqlArgument` for the long form:
+//!   - tool: query_db         # database_argument, database, dialect)
+//!     argument: sql
+//!     database_argument: db_id
 //! policies:                  # run in this order
 //!   - type: sql_safety       # sql_safety | cost_control | resource_limits | tool_policy |
 //!                            # rate_limit | content_safety | cedar
@@ -51,7 +58,8 @@ use crate::policies::{
     RateLimitConfig, RateLimitPolicy, ResourceLimitsConfig, ResourceLimitsPolicy, SqlPolicy,
     SqlPolicyConfig, TableStats, ToolPolicy, ToolPolicyConfig,
 };
-use crate::types::GovernanceMode;
+use crate::sql_arguments::SqlArgument;
+use crate::types::{GovernanceMode, OnBlock};
 
 /// The only policy-file format version.
 pub const POLICY_FILE_VERSION: u32 = 1;
@@ -205,6 +213,9 @@ pub struct BuildEnv {
 }
 
 /// A parsed policy file (or preset).
+///
+/// Its `on_block` and `sql_arguments` reach the kernel through [`PolicyFile::build`]
+/// ([`Kernel::with_on_block`], [`Kernel::with_sql_argument`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyFile {
     /// Where it came from: the path, or `preset:<name>`.
@@ -220,6 +231,10 @@ pub struct PolicyFile {
     pub mode: GovernanceMode,
     /// The policies, in the order they run.
     pub policies: Vec<PolicySpec>,
+    /// What the LLM gateway tells an agent whose model output is blocked.
+    pub on_block: OnBlock,
+    /// Tool arguments that carry SQL, in order.
+    pub sql_arguments: Vec<SqlArgument>,
 }
 
 impl PolicyFile {
@@ -334,6 +349,8 @@ impl PolicyFile {
             description: body.description,
             mode: body.mode.unwrap_or_default(),
             policies,
+            on_block: body.on_block.unwrap_or_default(),
+            sql_arguments: body.sql_arguments,
         };
         if file.version != POLICY_FILE_VERSION {
             return Err(file.error_at(
@@ -411,7 +428,10 @@ impl PolicyFile {
     /// # Errors
     /// As [`PolicyFile::build_policies`].
     pub fn build(&self, env: &BuildEnv) -> Result<Kernel, GovError> {
-        let mut kernel = Kernel::new(env.mode.unwrap_or(self.mode));
+        let mut kernel = Kernel::new(env.mode.unwrap_or(self.mode)).with_on_block(self.on_block);
+        for mark in &self.sql_arguments {
+            kernel = kernel.with_sql_argument(mark.clone());
+        }
         for (policy, options) in self.build_policies(env)? {
             kernel = kernel.with_boxed_policy(policy, options);
         }
@@ -519,6 +539,8 @@ struct Body {
     description: Option<String>,
     mode: Option<GovernanceMode>,
     policies: Vec<(PolicyOptions, PolicyConfig)>,
+    on_block: Option<OnBlock>,
+    sql_arguments: Vec<SqlArgument>,
 }
 
 struct FileSeed<'a> {
@@ -537,7 +559,10 @@ impl<'de> Visitor<'de> for FileSeed<'_> {
     type Value = Body;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a policy file: a mapping with version, mode, description, policies")
+        f.write_str(
+            "a policy file: a mapping with version, mode, description, on_block, sql_arguments, \
+             policies",
+        )
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Body, A::Error> {
@@ -545,16 +570,31 @@ impl<'de> Visitor<'de> for FileSeed<'_> {
         let mut description = None;
         let mut mode = None;
         let mut policies = None;
+        let mut on_block = None;
+        let mut sql_arguments = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
                 "version" => version = Some(map.next_value::<u32>()?),
                 "description" => description = map.next_value::<Option<String>>()?,
                 "mode" => mode = Some(map.next_value::<GovernanceMode>()?),
                 "policies" => policies = Some(map.next_value_seed(ListSeed { types: self.types })?),
+                "on_block" => on_block = Some(map.next_value::<OnBlock>()?),
+                "sql_arguments" => {
+                    sql_arguments = map
+                        .next_value::<Option<Vec<SqlArgument>>>()?
+                        .unwrap_or_default()
+                }
                 other => {
                     return Err(de::Error::unknown_field(
                         other,
-                        &["version", "description", "mode", "policies"],
+                        &[
+                            "version",
+                            "description",
+                            "mode",
+                            "on_block",
+                            "sql_arguments",
+                            "policies",
+                        ],
                     ));
                 }
             }
@@ -564,6 +604,8 @@ impl<'de> Visitor<'de> for FileSeed<'_> {
             description,
             mode,
             policies: policies.unwrap_or_default(),
+            on_block,
+            sql_arguments,
         })
     }
 }
@@ -822,6 +864,44 @@ mod tests {
             e.starts_with("p.yaml:3:") && e.contains("policies[0].config.max_cross_joined_tables"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn on_block_and_sql_arguments_are_read_and_reach_the_kernel() {
+        let f = PolicyFile::parse(
+            "version: 1\non_block: error\nsql_arguments:\n  - run_sql.query\n  - tool: q\n    argument: sql\n    database_argument: db\n    dialect: mysql\npolicies: []\n",
+            "p.yaml",
+            None,
+        )
+        .unwrap();
+        assert_eq!(f.on_block, OnBlock::Error);
+        let want = vec![
+            SqlArgument::new("run_sql", "query"),
+            SqlArgument::new("q", "sql")
+                .with_database_argument("db")
+                .with_dialect(crate::SqlDialect::Mysql),
+        ];
+        assert_eq!(f.sql_arguments, want);
+        let k = f.build(&BuildEnv::default()).unwrap();
+        assert_eq!(k.on_block(), OnBlock::Error);
+        assert_eq!(k.sql_arguments(), want.as_slice());
+        // Defaults.
+        let f = PolicyFile::parse("version: 1\n", "p.yaml", None).unwrap();
+        assert_eq!(f.on_block, OnBlock::Refuse);
+        assert!(f.sql_arguments.is_empty());
+
+        let (line, field, msg) = err("version: 1\non_block: ignore\n");
+        assert_eq!((line, field.as_str()), (Some(2), "on_block"));
+        assert!(msg.contains("unknown variant `ignore`"), "{msg}");
+        let (line, field, msg) = err("version: 1\nsql_arguments:\n  - run_sql\n");
+        assert_eq!((line, field.as_str()), (Some(3), "sql_arguments[0]"));
+        assert!(msg.contains("<tool>.<argument>"), "{msg}");
+        let (line, field, msg) = err(
+            "version: 1\nsql_arguments:\n  - tool: run_sql\n    argument: query\n    databse: x\n",
+        );
+        assert_eq!(line, Some(5), "{field}: {msg}");
+        assert!(field.starts_with("sql_arguments[0]"), "{field}");
+        assert!(msg.contains("unknown field `databse`"), "{msg}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Vocabulary of the governance kernel: [`Severity`], [`Verdict`], [`GovernanceMode`],
-//! [`Action`], [`Violation`] and [`Decision`].
+//! [`OnBlock`], [`Action`], [`Violation`] and [`Decision`].
 //!
 //! Responsible for the data types, their JSON forms (serde, lowercase names) and small derived
 //! facts about a decision. Not responsible for deciding anything: policies live in
@@ -327,6 +327,37 @@ impl FromStr for GovernanceMode {
             .into_iter()
             .find(|m| m.as_str().eq_ignore_ascii_case(wanted))
             .ok_or_else(|| GovError::UnknownMode(s.to_string()))
+    }
+}
+
+/// What an agent is told when governance blocks its model's output (the LLM gateway's
+/// answer; the policy file's `on_block` key). YAML/JSON form: `"refuse"` (default),
+/// `"error"`. Only enforce mode blocks, so it only matters there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBlock {
+    /// A normal answer (HTTP 200) with the blocked part taken out and a refusal the agent can
+    /// read in its place: the agent's loop goes on and the model learns from the refusal.
+    #[default]
+    Refuse,
+    /// An error (HTTP 403 `policy_violation`; in a stream, an `error` event): the agent's
+    /// client raises.
+    Error,
+}
+
+impl OnBlock {
+    /// The lowercase name used in YAML and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBlock::Refuse => "refuse",
+            OnBlock::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for OnBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -299,6 +299,20 @@ pub enum ServerError {
         /// What went wrong.
         message: String,
     },
+    /// The governance check (`POST …/v1/agl/governance/check`, [`crate::GovernanceClient`])
+    /// was answered with an error status; `code` and `message` are the server's OpenAI-shaped
+    /// `error.code` and `error.message` (or the start of the body when it has none).
+    #[error("governance check at {url} failed: HTTP {status} `{code}`: {message}")]
+    GovernanceCheck {
+        /// The URL that was called.
+        url: String,
+        /// The HTTP status (4xx, 5xx).
+        status: u16,
+        /// The server's `error.code` (e.g. `attempt_finished`, `governance_unavailable`).
+        code: String,
+        /// The server's `error.message`.
+        message: String,
+    },
     /// An OTLP request body could not be decoded; the message names the part.
     #[error("invalid OTLP payload: {0}")]
     Otlp(String),

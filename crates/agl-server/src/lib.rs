@@ -6,7 +6,8 @@
 //! ([`error`]), OTLP decoding ([`otlp`]), metrics ([`metrics`]), auth, CORS, body limits and
 //! graceful shutdown ([`server`]), the per-attempt OpenAI-compatible routes that check the
 //! model's output with the kernel and record each call as a span ([`gateway`]), the
-//! dashboard's pages ([`dashboard`]), and the client ([`client`]). Not responsible for store
+//! dashboard's pages ([`dashboard`]), the client ([`client`]) and the governance check's client
+//! ([`governance_client`]). Not responsible for store
 //! semantics (every handler calls a [`agl_store::LightningStore`], which applies the lifecycle
 //! rules), for governance decisions (`agl-gov`), for running a model (`agl-llm`, or any
 //! OpenAI-compatible upstream) or for training (`agl-train`).
@@ -20,6 +21,7 @@ pub mod client;
 pub mod dashboard;
 pub mod error;
 pub mod gateway;
+pub mod governance_client;
 pub mod metrics;
 pub mod otlp;
 pub mod server;
@@ -28,4 +30,5 @@ pub mod wire;
 pub use client::{ClientOptions, StoreClient};
 pub use error::{ApiError, ErrorCode, ServerError};
 pub use gateway::{GatewayConfig, Upstream};
+pub use governance_client::{CheckResult, GovernanceClient};
 pub use server::{RunningServer, ServerConfig, start, start_with_gateway};

@@ -1,7 +1,8 @@
 //! The LLM gateway (`agl_server::gateway`) against a scripted OpenAI-compatible upstream:
 //! routing and attempt checks, the call span and its token ids, stripping what the agent did
 //! not ask for, governance of the model's output (block, redact, tool and token-budget
-//! policies; plain and streamed), and upstream failures (502, 504).
+//! policies; plain and streamed; these policies say `on_block: error`, the refusals of the
+//! default `on_block: refuse` are in `gateway_refuse.rs`), and upstream failures (502, 504).
 //!
 //! The scripted upstream answers the last user message: `email` → a sentence with an e-mail
 //! address, `tool` → a `shell` tool call, anything else → `SELECT name FROM singer ;`. With
@@ -132,6 +133,7 @@ fn upstream() -> Upstream {
 const POLICY: &str = r#"
 version: 1
 mode: enforce
+on_block: error
 policies:
   - type: content_safety
     config: {detectors: [email], on_pii: block}
@@ -656,6 +658,7 @@ async fn the_rollout_token_budget_blocks_the_call_that_exceeds_it() {
     let yaml = r#"
 version: 1
 mode: enforce
+on_block: error
 policies:
   - type: cost_control
     config: {usd_per_million_tokens: 1000000, rollout_budget_usd: 20, max_cost_usd: 1000}

@@ -241,3 +241,93 @@ async fn bad_requests_get_openai_shaped_errors() {
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
     assert_eq!(body["error"]["code"], "governance_unavailable");
 }
+
+/// `GovernanceClient` against a live server: decisions come back typed and recorded on the
+/// attempt; server errors carry the server's code and message; an unreachable gateway is
+/// `Unreachable`.
+#[tokio::test]
+async fn the_rust_client_checks_against_a_live_server() {
+    use agl_server::{GovernanceClient, ServerConfig, ServerError, start_with_gateway};
+    let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+    let started = store
+        .start_rollout(EnqueueRolloutRequest::new(json!({"q": 1})), None)
+        .await
+        .unwrap();
+    let (rid, aid) = (started.rollout.rollout_id, started.attempt.attempt_id);
+    let recorder = Arc::new(FlightRecorder::in_memory());
+    let config = GatewayConfig::new(Upstream::InProcess(Router::new())).with_kernel(Arc::new(
+        Kernel::new(GovernanceMode::Enforce)
+            .with_policy(SqlPolicy::default())
+            .with_shared_recorder(recorder.clone()),
+    ));
+    let server = start_with_gateway(
+        store.clone(),
+        ServerConfig {
+            port: 0,
+            ..ServerConfig::default()
+        },
+        Some(config),
+    )
+    .await
+    .unwrap();
+    let base = format!("{}/rollout/{rid}/attempt/{aid}/v1", server.url());
+    let client = GovernanceClient::new(&base).unwrap();
+    assert_eq!(client.url(), format!("{base}/agl/governance/check"));
+
+    let drop_table = agl_gov::Action::sql("db", "DROP TABLE users");
+    let result = client.check(&drop_table).await.unwrap();
+    assert_eq!(result.decision.verdict, agl_gov::Verdict::Block);
+    assert!(!result.decision.executes());
+    assert_eq!(result.recorded, result.decision.violations.len());
+    assert!(result.recorded >= 1);
+    let spans = store.list_spans(&rid, Some(&aid)).await.unwrap();
+    assert_eq!(agl_train_like_violations(&spans).len(), result.recorded);
+    assert_eq!(recorder.entries(), 1);
+    let ok = client
+        .check(&agl_gov::Action::sql("db", "SELECT 1"))
+        .await
+        .unwrap();
+    assert_eq!(ok.decision.verdict, agl_gov::Verdict::Allow);
+
+    // A finished attempt: the server's 409 comes back with its code and message.
+    store
+        .update_attempt(
+            &rid,
+            &aid,
+            AttemptUpdate {
+                status: Some(AttemptStatus::Succeeded),
+                ..AttemptUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    match client.check(&drop_table).await.unwrap_err() {
+        ServerError::GovernanceCheck {
+            status,
+            code,
+            message,
+            ..
+        } => {
+            assert_eq!((status, code.as_str()), (409, "attempt_finished"));
+            assert!(message.contains("start a new attempt"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Not a /v1 URL: refused before any request.
+    let e = GovernanceClient::new(&server.url())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/v1"), "{e}");
+    server.shutdown().await.unwrap();
+    // Nobody listening.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let gone = GovernanceClient::new(&format!("http://127.0.0.1:{port}/v1")).unwrap();
+    assert!(matches!(
+        gone.check(&agl_gov::Action::output("hi"))
+            .await
+            .unwrap_err(),
+        ServerError::Unreachable { .. }
+    ));
+}

@@ -36,7 +36,7 @@
 //! # Head anchor
 //! After every committed batch the writer replaces `<db path>.head` (temp file + rename) with
 //! `{"seq": N, "hash": "<hex>", "count": N, "mac": "<hex>" | null}`, `mac` =
-//! hex(HMAC-SHA-256(key, "N|<hash>")) when keyed. [`verify`] compares the last entry with it.
+//! `hex(HMAC-SHA-256(key, "N|<hash>"))` when keyed. [`verify`] compares the last entry with it.
 //!
 //! # What verification detects, and what it cannot
 //! Detected, with the seq where the chain broke: a changed value in any column (hash, and the

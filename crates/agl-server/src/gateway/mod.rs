@@ -40,10 +40,30 @@
 //! 5. The upstream cannot be reached: 502 `upstream_unavailable`; it does not answer within
 //!    [`GatewayConfig::request_timeout`] (the headers, then each piece of the body): 504
 //!    `upstream_timeout`. An upstream error status is passed to the agent as it came.
-//! 6. With a kernel, the answer is governed ([`govern`]): a block gives the agent 403
-//!    `{"error": {"type": "policy_violation", "code": "<policy>", "message": …}}` (in a
-//!    stream: an `error` event in place of the rest), a modify gives it the redacted answer,
-//!    and warnings or audit mode change nothing. Violations are child spans of the call.
+//! 6. With a kernel, the answer is governed ([`govern`]). A block is answered as the kernel's
+//!    [`agl_gov::OnBlock`] (the policy file's `on_block`) says:
+//!    * `refuse` (default): 200 with only the blocked part replaced, so the agent's loop goes
+//!      on. A blocked tool call is removed from `message.tool_calls` (allowed calls next to it
+//!      stay; the key is removed when none is left) and a refusal is put in
+//!      `message.content` (after the model's own text, if that was allowed), e.g.
+//!      ``agl governance blocked the call to tool `run_sql` (policy `sql_safety`, critical
+//!      severity): DROP statement is not allowed. It was not run; choose another action.``
+//!      ([`govern::refuse_tool_call`]); a blocked text is replaced by
+//!      ``agl governance blocked the model's answer (policy `…`, … severity): <reason>. It was
+//!      not delivered; answer differently.`` ([`govern::refuse_answer`]); a blocked spend
+//!      (token budget) replaces every choice by that refusal and drops every tool call. A
+//!      choice left without tool calls gets `finish_reason: "stop"`, and a refused choice's
+//!      `logprobs` are `null` (they describe tokens the agent does not see). Legacy
+//!      completions get the refusal in `text`. In a stream, allowed text already sent stays,
+//!      the refusal comes as the last content delta, the held tool calls are sent without the
+//!      blocked ones, then the finish chunk;
+//!    * `error`: 403 `{"error": {"type": "policy_violation", "code": "<policy>", "message":
+//!      …}}` (in a stream: an `error` event in place of the rest).
+//!
+//!    A modify gives the agent the redacted answer, and warnings or audit mode change nothing.
+//!    Violations are child spans of the call; the call span keeps the model's real output
+//!    (its text, tool calls and token ids: training needs them) with `agl.gateway.blocked =
+//!    true`, and `agl.gateway.refused = true` when the agent was sent a refusal.
 //! 7. The spans are stored before the answer's end reaches the agent; a store that fails to
 //!    take them is a 503 `store_unavailable` (an answer is never given unrecorded).
 //!
@@ -68,7 +88,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agl_core::{Resource, now_seconds};
-use agl_gov::{GovernanceMode, Kernel};
+use agl_gov::{GovernanceMode, Kernel, OnBlock};
 use agl_store::LightningStore;
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -290,6 +310,14 @@ impl Gateway {
             .await
             .map_err(|e| GatewayError::store(&e))?;
         GatewayError::check_attempt(rid, aid, attempts)
+    }
+
+    /// Whether a blocked answer is answered with a refusal (200) rather than an error (403):
+    /// the kernel's `on_block` is `refuse`.
+    pub(crate) fn refuses(&self) -> bool {
+        self.kernel
+            .as_ref()
+            .is_some_and(|k| k.on_block() == OnBlock::Refuse)
     }
 
     /// Whether output must be gated while streaming (a kernel that can block or rewrite).
@@ -639,6 +667,7 @@ impl Call {
             error,
             verdict: outcome.verdict.map(|v| v.to_string()),
             redacted: outcome.redacted(),
+            refused: outcome.blocked() && self.gw.refuses(),
         };
         let spans = record::spans(
             &self.rid,
@@ -697,10 +726,15 @@ impl Call {
         let rec = CallRecord::from_response(self.endpoint, &answer);
         let outcome = self.govern(&rec)?;
         self.record(&rec, status.as_u16(), None, &outcome).await?;
-        if let Some(v) = &outcome.blocked_by {
+        if let Some(v) = &outcome.blocked_by
+            && !self.gw.refuses()
+        {
             return Err(GatewayError::blocked(v));
         }
         apply_rewrites(self.endpoint, &mut answer, &outcome);
+        if outcome.blocked() {
+            apply_refusals(self.endpoint, &mut answer, &outcome);
+        }
         self.asked.strip(&mut answer);
         Ok((status, axum::Json(answer)).into_response())
     }
@@ -732,6 +766,58 @@ fn apply_rewrites(endpoint: Endpoint, answer: &mut Value, outcome: &govern::Outc
                 {
                     *slot = Value::String(a.clone());
                 }
+            }
+        }
+    }
+}
+
+/// Replaces the blocked parts of a whole answer by refusals (`on_block: refuse`; see the
+/// module docs, step 6).
+fn apply_refusals(endpoint: Endpoint, answer: &mut Value, outcome: &govern::Outcome) {
+    let Some(choices) = answer.get_mut("choices").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for (i, c) in choices.iter_mut().enumerate() {
+        let Some(refusal) = outcome.refusal(i) else {
+            continue;
+        };
+        let text_at = match endpoint {
+            Endpoint::Chat => "/message/content",
+            Endpoint::Completions => "/text",
+        };
+        let own = c
+            .pointer(text_at)
+            .and_then(Value::as_str)
+            .filter(|t| outcome.keeps_text(i) && !t.trim().is_empty())
+            .map(str::to_string);
+        let text = match own {
+            Some(t) => format!("{t}\n{refusal}"),
+            None => refusal,
+        };
+        let mut calls_left = 0;
+        if let Some(message) = c.get_mut("message").and_then(Value::as_object_mut) {
+            message.insert("content".into(), Value::String(text.clone()));
+            if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+                let mut j = 0;
+                calls.retain(|_| {
+                    j += 1;
+                    outcome.keeps_tool_call(i, j - 1)
+                });
+                calls_left = calls.len();
+                if calls.is_empty() {
+                    message.remove("tool_calls");
+                }
+            }
+        } else if let Some(obj) = c.as_object_mut() {
+            obj.insert("text".into(), Value::String(text));
+        }
+        if let Some(obj) = c.as_object_mut() {
+            if calls_left == 0 {
+                obj.insert("finish_reason".into(), Value::String("stop".into()));
+                obj.remove("stop_reason");
+            }
+            if obj.contains_key("logprobs") {
+                obj.insert("logprobs".into(), Value::Null);
             }
         }
     }

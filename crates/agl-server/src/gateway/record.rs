@@ -35,6 +35,7 @@
 //! | `agl.latency_s`, `agl.ttft_s` | float | seconds from the request to the end, and to the first streamed token |
 //! | `agl.gateway.verdict`, `agl.gateway.blocked` | str, bool | what governance decided for the agent (absent when nothing was checked: no kernel, or a failed call) |
 //! | `agl.gateway.redacted` | bool | the agent got a rewritten (redacted) answer |
+//! | `agl.gateway.refused` | bool | the agent got a 200 answer with the blocked part replaced by a refusal (`on_block: refuse`; absent when nothing was checked) |
 //! | `http.status_code` | int | the upstream's status; `agl.error` its error message |
 //!
 //! The `gen_ai.request.functions.*`, `gen_ai.prompt.<i>.tool_calls.*` and `.tool_call_id` names
@@ -329,6 +330,8 @@ pub struct SpanFacts<'a> {
     pub verdict: Option<String>,
     /// Whether the agent got a rewritten answer.
     pub redacted: bool,
+    /// Whether the agent got a refusal in place of the blocked part (`on_block: refuse`).
+    pub refused: bool,
 }
 
 fn put(a: &mut Attributes, k: impl Into<String>, v: impl Into<AttributeValue>) {
@@ -567,6 +570,9 @@ pub fn call_attributes(rec: &CallRecord, facts: &SpanFacts<'_>) -> Attributes {
         put(&mut a, semconv::agl::GATEWAY_BLOCKED, v == "block");
     }
     put(&mut a, semconv::agl::GATEWAY_REDACTED, facts.redacted);
+    if facts.verdict.is_some() {
+        put(&mut a, semconv::agl::GATEWAY_REFUSED, facts.refused);
+    }
     if let Some(m) = facts.model_requested {
         put(&mut a, semconv::agl::GATEWAY_MODEL_REQUESTED, m);
     }
@@ -702,6 +708,7 @@ mod tests {
                 error: None,
                 verdict: None,
                 redacted: false,
+                refused: false,
             },
         )
     }

@@ -5,8 +5,11 @@
 //! Responsible for SSE framing (`data: …` events separated by a blank line, ending with
 //! `data: [DONE]`), per-chunk stripping of what the agent did not ask for, holding back the
 //! end of each choice (finish reason, held text, tool calls) until the whole answer has been
-//! checked, and the final error event when a policy blocks. Not responsible for the checks
-//! themselves ([`super::govern`]) or the span's shape ([`super::record`]).
+//! checked, and what a block ends the stream with: under `on_block: refuse` the refusal as the
+//! last content delta, the held tool calls without the blocked ones and a finish chunk
+//! (`stop` when no tool call is left); under `on_block: error` an `error` event. Not
+//! responsible for the checks themselves ([`super::govern`]) or the span's shape
+//! ([`super::record`]).
 
 use std::convert::Infallible;
 
@@ -197,7 +200,9 @@ impl Relay {
             self.send(event(&e.body())).await;
             return;
         }
-        if let Some(v) = &outcome.blocked_by {
+        if let Some(v) = &outcome.blocked_by
+            && !self.call.gw.refuses()
+        {
             self.send(event(&GatewayError::blocked(v).body())).await;
             return;
         }
@@ -211,22 +216,38 @@ impl Relay {
                     .cloned()
                     .flatten()
                     .unwrap_or_else(|| c.text.clone());
-                let rest = self.gate(i).finish(&final_text);
+                let refusal = outcome.refusal(i);
+                let gate = self.gate(i);
+                let mut rest = if outcome.keeps_text(i) {
+                    gate.finish(&final_text)
+                } else {
+                    String::new()
+                };
+                if let Some(r) = &refusal {
+                    let sent_any = !gate.sent().trim().is_empty() || !rest.trim().is_empty();
+                    if sent_any {
+                        rest.push('\n');
+                    }
+                    rest.push_str(r);
+                }
                 let rewrites = outcome.tool_arguments.get(i);
                 let tool_calls: Vec<Value> = c
                     .tool_calls
                     .iter()
                     .enumerate()
-                    .map(|(j, t)| {
+                    .filter(|(j, _)| outcome.keeps_tool_call(i, *j))
+                    .enumerate()
+                    .map(|(k, (j, t))| {
                         let args = rewrites
                             .and_then(|r| r.get(j))
                             .cloned()
                             .flatten()
                             .unwrap_or_else(|| t.arguments.clone());
-                        json!({"index": j, "id": t.id, "type": "function",
+                        json!({"index": k, "id": t.id, "type": "function",
                                "function": {"name": t.name, "arguments": args}})
                     })
                     .collect();
+                let tool_calls_left = tool_calls.len();
                 let mut choice = match endpoint {
                     Endpoint::Chat => {
                         let mut delta = json!({"content": rest});
@@ -238,8 +259,11 @@ impl Relay {
                     Endpoint::Completions => json!({"index": i, "text": rest}),
                 };
                 choice["logprobs"] = Value::Null;
-                choice["finish_reason"] =
-                    c.finish_reason.clone().map_or(Value::Null, Value::String);
+                choice["finish_reason"] = if refusal.is_some() && tool_calls_left == 0 {
+                    Value::String("stop".into())
+                } else {
+                    c.finish_reason.clone().map_or(Value::Null, Value::String)
+                };
                 let mut last = template.clone();
                 last["choices"] = json!([choice]);
                 if let Some(obj) = last.as_object_mut() {

@@ -63,7 +63,7 @@
 //! Not checked: columns named only in `JOIN … USING (…)`.
 //!
 //! # Tautological WHERE
-//! See [`tautology`] for the list of recognised shapes (`1=1`, `'a'='a'`, `x = x`, `NOT FALSE`,
+//! See the private `tautology` module for the list of recognised shapes (`1=1`, `'a'='a'`, `x = x`, `NOT FALSE`,
 //! `x OR <tautology>`, `1 IN (1, …)`, `x LIKE '%'`, …).
 
 pub(crate) mod tautology;
