@@ -7,7 +7,7 @@
 #
 # Usage: scripts/bench/agent_tool_governance.sh [OUT_DIR]   (default /tmp/agl-agent-tools)
 #
-# Environment: EVAL (50 dev questions), MODEL (smollm2-135m-instruct), MAX_TOKENS (128),
+# Environment: EVAL (50 dev questions), EVERY (20: every 20th dev question), MODEL (smollm2-135m-instruct), MAX_TOKENS (128),
 # WORKERS (8), AGL_BIN (default: the debug build in CARGO_TARGET_DIR), VENV
 # (/var/tmp/agl-train-agent-venv, built by scripts/ci/train_agent.sh).
 #
@@ -16,15 +16,15 @@
 #    share of dev tasks with a violation, the mean reward, and how many tool calls the gateway
 #    refused (enforce). One minimal training step per mode (1 task, G = 2) is needed by the
 #    command and not measured.
-# 2. LlmSqlAgent: `agl eval --agent llm` on the same EVAL questions (`--every`-free dev subset of
-#    `agl spider tasks --split dev --limit EVAL`, i.e. `agl train --eval-limit EVAL`'s), one turn,
-#    greedy, the same policy file: its violation rate (the kernel checks the SQL it runs).
+# 2. LlmSqlAgent: `agl eval --agent llm` on the same questions (every EVERY-th dev question, the
+#    first EVAL of them), one turn, greedy, the same policy file: its violation rate (the kernel
+#    checks the SQL it runs) and accuracy.
 # Prints one table; the reports stay in OUT_DIR.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-/tmp/agl-agent-tools}"
-EVAL="${EVAL:-50}" MODEL="${MODEL:-smollm2-135m-instruct}" MAX_TOKENS="${MAX_TOKENS:-128}"
+EVAL="${EVAL:-50}" EVERY="${EVERY:-20}" MODEL="${MODEL:-smollm2-135m-instruct}" MAX_TOKENS="${MAX_TOKENS:-128}"
 WORKERS="${WORKERS:-8}" VENV="${VENV:-/var/tmp/agl-train-agent-venv}"
 AGL="${AGL_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/agl}"
 PY="$VENV/bin/python"
@@ -33,7 +33,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 cd "$OUT"
 
-"$AGL" spider tasks --split dev --limit "$EVAL" --out dev.jsonl
+"$AGL" spider tasks --split dev --every "$EVERY" --limit "$EVAL" --out dev.jsonl
 "$AGL" spider tasks --split train --limit 1 --out train.jsonl
 
 echo "== 1. the Python agent, SQL through a run_sql tool call, audit and enforce" >&2
@@ -44,7 +44,7 @@ echo "== 1. the Python agent, SQL through a run_sql tool call, audit and enforce
     --checkpoint-dir ckpt --report tool.json > tool.out 2> tool.err
 
 echo "== 2. LlmSqlAgent on the same questions" >&2
-"$AGL" eval --agent llm --model "$MODEL" --limit "$EVAL" --policy "$POLICY" --max-turns 1 \
+"$AGL" eval --agent llm --model "$MODEL" --every "$EVERY" --limit "$EVAL" --policy "$POLICY" --max-turns 1 \
     --max-tokens "$MAX_TOKENS" --workers "$WORKERS" --report llm.json > llm.out 2> llm.err
 
 python3 - "$EVAL" <<'PY'
@@ -57,6 +57,8 @@ for run in tool["runs"]:
     b = run["before"]
     print(f"{'Python agent, SQL in a run_sql tool call':44} {run['config']['governance']:8} "
           f"{b['violation_rate']:>14.3f} {b['mean_reward']:>8.3f}")
-print(json.dumps({k: llm[k] for k in llm if k in ("accuracy", "violation_rate", "violations", "questions")}))
+d = llm["dev"]
+print(f"{'LlmSqlAgent (in process), SQL checked as run':44} {'enforce':8} {d['violation_rate']:>14.3f} "
+      f"{d['accuracy']:>8.3f}")
 print(f"refusals the tool agent logged (both modes, validation and training): {refused}")
 PY
