@@ -39,8 +39,10 @@
 //! The model is called through the OpenAI-compatible API with the `async-openai` client, at the
 //! base URL of the rollout's `llm`/`proxy_llm` resource ([`StepContext::llm_base_url`]), with
 //! the resource's `temperature`, `top_p`, `max_tokens` and `seed` (defaults: temperature 0,
-//! [`SqlAgentConfig::max_tokens`]). A failed call (an HTTP error such as the gateway's 403
-//! `policy_violation`, a time-out after [`SqlAgentConfig::request_timeout`], no text) never
+//! [`SqlAgentConfig::max_tokens`]). A blocked answer is, with the policy file's default
+//! `on_block: refuse`, a 200 whose text is the gateway's refusal: no SQL is read from it, so the
+//! turn has no query. A failed call (an HTTP error such as the gateway's 403
+//! `policy_violation` under `on_block: error`, a time-out after [`SqlAgentConfig::request_timeout`], no text) never
 //! panics or hangs: it is recorded in [`SqlAgentOutput::llm_errors`] and the agent stops, its
 //! final query being the last one it wrote (none when the first call failed). The client
 //! retries 429 and 5xx answers up to 3 times with short back-off (its default); 4xx answers
