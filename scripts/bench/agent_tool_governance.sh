@@ -13,8 +13,8 @@
 #
 # 1. The tool agent: one `agl train --algorithm grpo --compare audit,enforce` run whose
 #    validation before training (greedy, the untrained model) is the measurement: per mode, the
-#    share of dev tasks with a violation, the mean reward, and how many tool calls the gateway
-#    refused (enforce). One minimal training step per mode (1 task, G = 2) is needed by the
+#    share of dev tasks with a violation and the mean reward (under enforce every violation on a
+#    run_sql call is a block, which the gateway answers with a refusal: the agent runs nothing). One minimal training step per mode (1 task, G = 2) is needed by the
 #    command and not measured.
 # 2. LlmSqlAgent: `agl eval --agent llm` on the same questions (every EVERY-th dev question, the
 #    first EVAL of them), one turn, greedy, the same policy file: its violation rate (the kernel
@@ -51,7 +51,6 @@ python3 - "$EVAL" <<'PY'
 import json, sys
 tool = json.load(open("tool.json"))
 llm = json.load(open("llm.json"))
-refused = sum(1 for line in open("tool.err") if '"refusal"' in line)
 print(f"{'agent (dev questions: ' + sys.argv[1] + ')':44} {'mode':8} {'violation rate':>14} {'reward':>8}")
 for run in tool["runs"]:
     b = run["before"]
@@ -60,5 +59,4 @@ for run in tool["runs"]:
 d = llm["dev"]
 print(f"{'LlmSqlAgent (in process), SQL checked as run':44} {'enforce':8} {d['violation_rate']:>14.3f} "
       f"{d['accuracy']:>8.3f}")
-print(f"refusals the tool agent logged (both modes, validation and training): {refused}")
 PY
