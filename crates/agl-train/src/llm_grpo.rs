@@ -125,12 +125,13 @@ impl LlmGrpoConfig {
     /// [`TrainError::Config`] naming the first bad field.
     pub fn validate(&self) -> Result<(), TrainError> {
         let bad = |f: &str, why: &str| Err(TrainError::Config(format!("{f} {why}")));
-        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return bad("learning_rate", "must be a positive number");
-        }
-        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
-            return bad("weight_decay", "must be ≥ 0");
-        }
+        check_update_settings(
+            self.learning_rate,
+            self.weight_decay,
+            self.max_grad_norm,
+            self.micro_batch,
+            self.micro_batch_cells,
+        )?;
         if !(self.clip_low > 0.0 && self.clip_low < 1.0) {
             return bad("clip_low", "must be in (0, 1)");
         }
@@ -140,20 +141,42 @@ impl LlmGrpoConfig {
         if !(self.kl_beta >= 0.0 && self.kl_beta.is_finite()) {
             return bad("kl_beta", "must be ≥ 0");
         }
-        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
-            return bad("max_grad_norm", "must be positive");
-        }
-        if self.micro_batch == 0 {
-            return bad("micro_batch", "must be at least 1");
-        }
-        if self.micro_batch_cells == 0 {
-            return bad("micro_batch_cells", "must be at least 1");
-        }
         if self.inner_steps == 0 {
             return bad("inner_steps", "must be at least 1");
         }
         Ok(())
     }
+}
+
+/// The ranges every LoRA update shares (GRPO's and SFT's): a positive learning rate, a
+/// weight decay ≥ 0, a positive clipping norm, and micro-batch budgets of at least 1.
+///
+/// # Errors
+/// [`TrainError::Config`] naming the first bad field.
+pub(crate) fn check_update_settings(
+    learning_rate: f64,
+    weight_decay: f64,
+    max_grad_norm: f64,
+    micro_batch: usize,
+    micro_batch_cells: usize,
+) -> Result<(), TrainError> {
+    let bad = |f: &str, why: &str| Err(TrainError::Config(format!("{f} {why}")));
+    if !(learning_rate > 0.0 && learning_rate.is_finite()) {
+        return bad("learning_rate", "must be a positive number");
+    }
+    if !(weight_decay >= 0.0 && weight_decay.is_finite()) {
+        return bad("weight_decay", "must be ≥ 0");
+    }
+    if max_grad_norm.is_nan() || max_grad_norm <= 0.0 {
+        return bad("max_grad_norm", "must be positive");
+    }
+    if micro_batch == 0 {
+        return bad("micro_batch", "must be at least 1");
+    }
+    if micro_batch_cells == 0 {
+        return bad("micro_batch_cells", "must be at least 1");
+    }
+    Ok(())
 }
 
 /// One training sequence: a prompt, then one or more responses (merged calls) with the context

@@ -37,7 +37,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::TrainError;
 use crate::grpo::clip_grad_norm;
 use crate::learner::Learner;
-use crate::llm_grpo::{accumulate, chunk_by_prompt, lora_optimizer, micro_batch};
+use crate::llm_grpo::{
+    accumulate, check_update_settings, chunk_by_prompt, lora_optimizer, micro_batch,
+};
 use crate::{LlmStepStats, TokenSample};
 
 /// Share of a step's samples kept for fine-tuning by default (the Unsloth example's top half).
@@ -86,21 +88,13 @@ impl LlmSftConfig {
     /// [`TrainError::Config`] naming the first bad field.
     pub fn validate(&self) -> Result<(), TrainError> {
         let bad = |f: &str, why: &str| Err(TrainError::Config(format!("{f} {why}")));
-        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return bad("learning_rate", "must be a positive number");
-        }
-        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
-            return bad("weight_decay", "must be ≥ 0");
-        }
-        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
-            return bad("max_grad_norm", "must be positive");
-        }
-        if self.micro_batch == 0 {
-            return bad("micro_batch", "must be at least 1");
-        }
-        if self.micro_batch_cells == 0 {
-            return bad("micro_batch_cells", "must be at least 1");
-        }
+        check_update_settings(
+            self.learning_rate,
+            self.weight_decay,
+            self.max_grad_norm,
+            self.micro_batch,
+            self.micro_batch_cells,
+        )?;
         if !(self.top_fraction > 0.0 && self.top_fraction <= 1.0) {
             return bad("top_fraction", "must be in (0, 1]");
         }
