@@ -61,6 +61,7 @@ use std::time::Instant;
 
 use agl_core::Triplet;
 use agl_llm::{LlamaModel, LoraAdapter};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde::{Deserialize, Serialize};
@@ -500,17 +501,14 @@ pub struct LlmStepStats {
 /// The LoRA GRPO learner: the frozen base model, the trainable adapter and AdamW.
 pub struct LlmGrpo {
     config: LlmGrpoConfig,
-    model: Arc<LlamaModel>,
-    adapter: LoraAdapter,
-    vars: Vec<Var>,
-    optimizer: AdamW,
+    lora: LoraParams,
 }
 
 impl std::fmt::Debug for LlmGrpo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LlmGrpo")
             .field("config", &self.config)
-            .field("parameters", &self.adapter.num_parameters())
+            .field("parameters", &self.lora.adapter.num_parameters())
             .finish_non_exhaustive()
     }
 }
@@ -622,54 +620,104 @@ pub(crate) fn micro_batch(
     })
 }
 
-/// AdamW over a LoRA adapter's `vars` on `model`, which must be dense.
-///
-/// # Errors
-/// [`TrainError::Config`] for a quantized model (no gradient flows through quantized weights,
-/// and the sampler's log-probabilities would not be the ones training recomputes); candle's.
-pub(crate) fn lora_optimizer(
-    model: &LlamaModel,
-    vars: &[Var],
-    learning_rate: f64,
-    weight_decay: f64,
-) -> Result<AdamW, TrainError> {
-    if !model.is_dense() {
-        return Err(TrainError::Config(
-            "training needs the dense (f32) weights: start the engine with --weights dense".into(),
-        ));
-    }
-    Ok(AdamW::new(
-        vars.to_vec(),
-        ParamsAdamW {
-            lr: learning_rate,
-            weight_decay,
-            ..ParamsAdamW::default()
-        },
-    )?)
+/// What every LoRA learner (GRPO's, SFT's) updates: the frozen dense base model, the adapter
+/// whose factors are the variables, and AdamW over them.
+pub(crate) struct LoraParams {
+    /// The base model (dense).
+    pub(crate) model: Arc<LlamaModel>,
+    /// The adapter being trained (its factors change in place at each update).
+    pub(crate) adapter: LoraAdapter,
+    vars: Vec<Var>,
+    optimizer: AdamW,
 }
 
-/// Adds `grads` into `acc` for every variable of `vars` (the sum over micro-batches).
-///
-/// # Errors
-/// Tensor errors.
-pub(crate) fn accumulate(
-    acc: Option<candle_core::backprop::GradStore>,
-    grads: candle_core::backprop::GradStore,
-    vars: &[Var],
-) -> Result<candle_core::backprop::GradStore, TrainError> {
-    let Some(mut a) = acc else {
-        return Ok(grads);
-    };
-    for v in vars {
-        if let Some(g) = grads.get(v.as_tensor()) {
-            let sum = match a.get(v.as_tensor()) {
-                Some(prev) => (prev + g)?,
-                None => g.clone(),
-            };
-            a.insert(v.as_tensor(), sum);
+impl LoraParams {
+    /// AdamW over `adapter`'s variables `vars` on `model`, which must be dense.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] for a quantized model (no gradient flows through quantized
+    /// weights, and the sampler's log-probabilities would not be the ones training
+    /// recomputes); candle's.
+    pub(crate) fn new(
+        model: Arc<LlamaModel>,
+        adapter: LoraAdapter,
+        vars: Vec<Var>,
+        learning_rate: f64,
+        weight_decay: f64,
+    ) -> Result<Self, TrainError> {
+        if !model.is_dense() {
+            return Err(TrainError::Config(
+                "training needs the dense (f32) weights: start the engine with --weights dense"
+                    .into(),
+            ));
         }
+        let optimizer = AdamW::new(
+            vars.clone(),
+            ParamsAdamW {
+                lr: learning_rate,
+                weight_decay,
+                ..ParamsAdamW::default()
+            },
+        )?;
+        Ok(Self {
+            model,
+            adapter,
+            vars,
+            optimizer,
+        })
     }
-    Ok(a)
+
+    /// The adapted model's log-probabilities of `mb`'s continuations, `[g, S]`, differentiable
+    /// in the adapter's factors.
+    ///
+    /// # Errors
+    /// Tensor errors.
+    pub(crate) fn logprobs(&self, mb: &MicroBatch) -> Result<Tensor, TrainError> {
+        Ok(self
+            .model
+            .prefixed_logprobs(&mb.prefix, &mb.suffixes, Some(&self.adapter))?)
+    }
+
+    /// Adds `grads` into `acc` for every variable (the sum over micro-batches).
+    ///
+    /// # Errors
+    /// Tensor errors.
+    pub(crate) fn accumulate(
+        &self,
+        acc: Option<GradStore>,
+        grads: GradStore,
+    ) -> Result<GradStore, TrainError> {
+        let Some(mut a) = acc else {
+            return Ok(grads);
+        };
+        for v in &self.vars {
+            if let Some(g) = grads.get(v.as_tensor()) {
+                let sum = match a.get(v.as_tensor()) {
+                    Some(prev) => (prev + g)?,
+                    None => g.clone(),
+                };
+                a.insert(v.as_tensor(), sum);
+            }
+        }
+        Ok(a)
+    }
+
+    /// Clips `grads` to the global L2 norm `max_norm` and takes one AdamW step; returns the
+    /// norm before clipping.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when the norm is not finite (the update is not applied);
+    /// tensor errors.
+    pub(crate) fn apply(&mut self, mut grads: GradStore, max_norm: f64) -> Result<f64, TrainError> {
+        let norm = clip_grad_norm(&mut grads, &self.vars, max_norm)?;
+        if !norm.is_finite() {
+            return Err(TrainError::Config(format!(
+                "the gradient norm is {norm}: the update was not applied"
+            )));
+        }
+        self.optimizer.step(&grads)?;
+        Ok(norm)
+    }
 }
 
 impl LlmGrpo {
@@ -687,14 +735,14 @@ impl LlmGrpo {
         config: LlmGrpoConfig,
     ) -> Result<Self, TrainError> {
         config.validate()?;
-        let optimizer = lora_optimizer(&model, &vars, config.learning_rate, config.weight_decay)?;
-        Ok(Self {
-            config,
+        let lora = LoraParams::new(
             model,
             adapter,
             vars,
-            optimizer,
-        })
+            config.learning_rate,
+            config.weight_decay,
+        )?;
+        Ok(Self { config, lora })
     }
 
     /// The configuration.
@@ -705,7 +753,7 @@ impl LlmGrpo {
     /// The adapter being trained (its factors change in place at each step; hand the engine
     /// a [`LoraAdapter::snapshot`]).
     pub fn adapter(&self) -> &LoraAdapter {
-        &self.adapter
+        &self.lora.adapter
     }
 
     /// One update on `samples` (advantages set; see the module docs).
@@ -736,19 +784,17 @@ impl LlmGrpo {
             self.config.micro_batch_cells,
         )
         .iter()
-        .map(|c| micro_batch(self.model.device(), c))
+        .map(|c| micro_batch(self.lora.model.device(), c))
         .collect::<Result<_, _>>()?;
         let denom = total_tokens as f64;
         let (lo, hi) = (1.0 - self.config.clip_low, 1.0 + self.config.clip_high);
         let beta = self.config.kl_beta;
         for inner in 0..self.config.inner_steps {
-            let mut acc: Option<candle_core::backprop::GradStore> = None;
+            let mut acc: Option<GradStore> = None;
             let (mut loss_sum, mut kl_sum, mut clipped, mut max_dev) = (0f64, 0f64, 0f64, 0f64);
             for mb in &batches {
                 let forward_started = Instant::now();
-                let new =
-                    self.model
-                        .prefixed_logprobs(&mb.prefix, &mb.suffixes, Some(&self.adapter))?;
+                let new = self.lora.logprobs(mb)?;
                 let log_ratio = (&new - &mb.old)?;
                 let ratio = log_ratio.exp()?;
                 let surr1 = ratio.broadcast_mul(&mb.adv)?;
@@ -756,6 +802,7 @@ impl LlmGrpo {
                 let mut per_token = surr1.minimum(&surr2)?.neg()?;
                 if beta > 0.0 {
                     let reference = self
+                        .lora
                         .model
                         .prefixed_logprobs(&mb.prefix, &mb.suffixes, None)?
                         .detach();
@@ -779,17 +826,11 @@ impl LlmGrpo {
                 let backward_started = Instant::now();
                 stats.forward_seconds += (backward_started - forward_started).as_secs_f64();
                 let grads = loss.backward()?;
-                acc = Some(accumulate(acc, grads, &self.vars)?);
+                acc = Some(self.lora.accumulate(acc, grads)?);
                 stats.backward_seconds += backward_started.elapsed().as_secs_f64();
             }
-            let Some(mut grads) = acc else { break };
-            let norm = clip_grad_norm(&mut grads, &self.vars, self.config.max_grad_norm)?;
-            if !norm.is_finite() {
-                return Err(TrainError::Config(format!(
-                    "the gradient norm is {norm}: the update was not applied"
-                )));
-            }
-            self.optimizer.step(&grads)?;
+            let Some(grads) = acc else { break };
+            let norm = self.lora.apply(grads, self.config.max_grad_norm)?;
             stats.loss = loss_sum;
             stats.kl = kl_sum / denom;
             stats.grad_norm = norm;

@@ -31,15 +31,11 @@ use std::time::Instant;
 
 use agl_llm::{LlamaModel, LoraAdapter};
 use candle_core::Var;
-use candle_nn::{AdamW, Optimizer};
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
-use crate::grpo::clip_grad_norm;
 use crate::learner::Learner;
-use crate::llm_grpo::{
-    accumulate, check_update_settings, chunk_by_prompt, lora_optimizer, micro_batch,
-};
+use crate::llm_grpo::{LoraParams, check_update_settings, chunk_by_prompt, micro_batch};
 use crate::{LlmStepStats, TokenSample};
 
 /// Share of a step's samples kept for fine-tuning by default (the Unsloth example's top half).
@@ -128,17 +124,14 @@ pub fn select_top_fraction(
 /// The LoRA SFT learner: the frozen base model, the trainable adapter and AdamW.
 pub struct LlmSft {
     config: LlmSftConfig,
-    model: Arc<LlamaModel>,
-    adapter: LoraAdapter,
-    vars: Vec<Var>,
-    optimizer: AdamW,
+    lora: LoraParams,
 }
 
 impl std::fmt::Debug for LlmSft {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LlmSft")
             .field("config", &self.config)
-            .field("parameters", &self.adapter.num_parameters())
+            .field("parameters", &self.lora.adapter.num_parameters())
             .finish_non_exhaustive()
     }
 }
@@ -155,14 +148,14 @@ impl LlmSft {
         config: LlmSftConfig,
     ) -> Result<Self, TrainError> {
         config.validate()?;
-        let optimizer = lora_optimizer(&model, &vars, config.learning_rate, config.weight_decay)?;
-        Ok(Self {
-            config,
+        let lora = LoraParams::new(
             model,
             adapter,
             vars,
-            optimizer,
-        })
+            config.learning_rate,
+            config.weight_decay,
+        )?;
+        Ok(Self { config, lora })
     }
 
     /// The configuration.
@@ -172,7 +165,7 @@ impl LlmSft {
 
     /// The adapter being trained.
     pub fn adapter(&self) -> &LoraAdapter {
-        &self.adapter
+        &self.lora.adapter
     }
 
     /// One supervised update on every sample given (no selection; see the module docs).
@@ -197,7 +190,7 @@ impl LlmSft {
             stats.seconds = started.elapsed().as_secs_f64();
             return Ok(stats);
         }
-        let device = self.model.device().clone();
+        let device = self.lora.model.device().clone();
         let denom = total_tokens as f64;
         let mut acc = None;
         let mut loss_sum = 0f64;
@@ -208,26 +201,17 @@ impl LlmSft {
         ) {
             let mb = micro_batch(&device, &run)?;
             let forward_started = Instant::now();
-            let logprobs =
-                self.model
-                    .prefixed_logprobs(&mb.prefix, &mb.suffixes, Some(&self.adapter))?;
+            let logprobs = self.lora.logprobs(&mb)?;
             let loss = ((logprobs * &mb.mask)?.sum_all()?.neg()? / denom)?;
             loss_sum += f64::from(loss.to_scalar::<f32>()?);
             let backward_started = Instant::now();
             stats.forward_seconds += (backward_started - forward_started).as_secs_f64();
             let grads = loss.backward()?;
-            acc = Some(accumulate(acc, grads, &self.vars)?);
+            acc = Some(self.lora.accumulate(acc, grads)?);
             stats.backward_seconds += backward_started.elapsed().as_secs_f64();
         }
-        if let Some(mut grads) = acc {
-            let norm = clip_grad_norm(&mut grads, &self.vars, self.config.max_grad_norm)?;
-            if !norm.is_finite() {
-                return Err(TrainError::Config(format!(
-                    "the gradient norm is {norm}: the update was not applied"
-                )));
-            }
-            self.optimizer.step(&grads)?;
-            stats.grad_norm = norm;
+        if let Some(grads) = acc {
+            stats.grad_norm = self.lora.apply(grads, self.config.max_grad_norm)?;
         }
         stats.loss = loss_sum;
         stats.seconds = started.elapsed().as_secs_f64();
@@ -241,7 +225,7 @@ impl Learner for LlmSft {
     }
 
     fn adapter(&self) -> &LoraAdapter {
-        &self.adapter
+        &self.lora.adapter
     }
 
     fn min_group_size(&self) -> usize {
