@@ -44,13 +44,17 @@ impl Drop for Reaper {
 /// Starts `agl store --port 0 EXTRA…` and returns it with its URL (read from its first stdout
 /// line).
 pub fn start_store(extra: &[&str]) -> (Reaper, String) {
-    let mut child = agl_command()
-        .args(["store", "--port", "0"])
+    let mut cmd = agl_command();
+    cmd.args(["store", "--port", "0"])
         .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::inherit());
+    spawn_listening(cmd)
+}
+
+/// Spawns `cmd` with its standard output piped and returns it with the first `http://…` word of
+/// the first line it prints (a server's listening line).
+fn spawn_listening(mut cmd: Command) -> (Reaper, String) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let server = Reaper(child);
     let mut line = String::new();
@@ -108,23 +112,12 @@ pub fn model_available() -> bool {
 /// Starts `agl llm serve --port 0 --adapter NAME=DIR` and returns it with its address
 /// (`127.0.0.1:PORT`, read from its listening line).
 pub fn serve_adapter(name: &str, dir: &Path) -> (Reaper, String) {
-    let mut child = agl_command()
-        .args(["llm", "serve", "--port", "0", "--adapter"])
+    let mut cmd = agl_command();
+    cmd.args(["llm", "serve", "--port", "0", "--adapter"])
         .arg(format!("{name}={}", dir.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let server = Reaper(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
-        .to_string();
+        .stderr(Stdio::null());
+    let (server, url) = spawn_listening(cmd);
+    let addr = url.trim_start_matches("http://").to_string();
     (server, addr)
 }
 
