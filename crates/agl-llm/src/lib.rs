@@ -44,7 +44,7 @@ pub use engine::{
 pub use error::{LlmError, Result};
 pub use loader::{LoadedModel, ModelFiles, WeightFormat, load};
 pub use lora::{LoraAdapter, LoraConfig, Target};
-pub use model::{KvCache, LlamaModel};
+pub use model::{KvCache, LlamaModel, LogprobGradients};
 pub use sampling::SamplingParams;
 pub use startup::{EngineSpec, StartedEngine, StartupEvent, start_engine};
 pub use structured::Constraint;

@@ -32,8 +32,10 @@ use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
 use crate::lora::{LoraAdapter, LoraPair, Target};
 
-/// Up to this many rows, a linear layer computes `(W xᵀ)ᵀ` instead of `x Wᵀ`.
-const SKINNY_ROWS: usize = 64;
+mod checkpoint;
+mod frozen;
+
+pub use checkpoint::LogprobGradients;
 
 /// A weight matrix `[out, in]`.
 #[derive(Debug, Clone)]
@@ -75,14 +77,15 @@ impl Linear {
         &self.weight
     }
 
-    /// `x: [n, in] -> [n, out]`, plus `s · (x Aᵀ) Bᵀ` when `lora` is given.
-    fn forward(&self, x: &Tensor, lora: Option<(&LoraPair, f64)>) -> Result<Tensor> {
-        let y = match &self.weight {
-            // For a few rows, `W xᵀ` is faster with candle's gemm (1.4-2x at 8 rows here); for
-            // many rows (prefill, training) `x Wᵀ` is.
-            Weight::Dense(w) if x.dim(0)? <= SKINNY_ROWS => w.matmul(&x.t()?)?.t()?.contiguous()?,
-            Weight::Dense(w) => x.matmul(&w.t()?)?,
-            Weight::Quantized(_, q) => q.forward(x)?,
+    /// `x: [n, in] -> [n, out]`, plus `s · (x Aᵀ) Bᵀ` when `lora` is given. With
+    /// [`Ops::Differentiable`] a dense weight is a frozen constant of the graph
+    /// ([`frozen::frozen_matmul`]): the backward pass computes `x`'s gradient and nothing for
+    /// the weight.
+    fn forward(&self, x: &Tensor, lora: Option<(&LoraPair, f64)>, ops: Ops) -> Result<Tensor> {
+        let y = match (&self.weight, ops) {
+            (Weight::Dense(w), Ops::Differentiable) => frozen::frozen_matmul(x, w)?,
+            (Weight::Dense(w), Ops::Fused) => frozen::dense_matmul(x, w)?,
+            (Weight::Quantized(_, q), _) => q.forward(x)?,
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -533,7 +536,7 @@ impl LlamaModel {
     pub fn forward_logits(&self, tokens: &Tensor, adapter: Option<&LoraAdapter>) -> Result<Tensor> {
         let (b, t) = tokens.dims2()?;
         let hidden = self.forward_hidden(tokens, 0, None, adapter, Ops::Differentiable)?;
-        let logits = self.lm_head.forward(&hidden, None)?;
+        let logits = self.lm_head.forward(&hidden, None, Ops::Differentiable)?;
         Ok(logits.reshape((b, t, self.cfg.vocab_size))?)
     }
 
@@ -582,7 +585,7 @@ impl LlamaModel {
             .reshape((b * n, self.cfg.hidden_size))?;
         let logits = self
             .lm_head
-            .forward(&hidden, None)?
+            .forward(&hidden, None, Ops::Differentiable)?
             .reshape((b, n, self.cfg.vocab_size))?;
         let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let next = tokens.narrow(1, from, n)?.unsqueeze(2)?.contiguous()?;
@@ -629,7 +632,9 @@ impl LlamaModel {
         let hs =
             self.forward_hidden_past(suffixes, p, None, suffix_past, adapter, Ops::Differentiable)?;
         // The first suffix token is predicted by the prefix's last position.
-        let first = self.lm_head.forward(&hp.narrow(0, p - 1, 1)?, None)?;
+        let first = self
+            .lm_head
+            .forward(&hp.narrow(0, p - 1, 1)?, None, Ops::Differentiable)?;
         let first = candle_nn::ops::log_softmax(&first, D::Minus1)?
             .broadcast_as((g, vocab))?
             .contiguous()?
@@ -643,7 +648,7 @@ impl LlamaModel {
             .reshape((g * (s - 1), h))?;
         let logits = self
             .lm_head
-            .forward(&rest, None)?
+            .forward(&rest, None, Ops::Differentiable)?
             .reshape((g, s - 1, vocab))?;
         let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let next = suffixes.narrow(1, 1, s - 1)?.unsqueeze(2)?.contiguous()?;
@@ -674,7 +679,7 @@ impl LlamaModel {
         let hidden = self.forward_hidden(&ids, start, Some(cache), adapter, Ops::Fused)?;
         cache.len += tokens.len();
         let last = hidden.narrow(0, tokens.len() - 1, 1)?;
-        Ok(self.lm_head.forward(&last, None)?.squeeze(0)?)
+        Ok(self.lm_head.forward(&last, None, Ops::Fused)?.squeeze(0)?)
     }
 
     /// One decoding step for several groups at once: every row's newest token goes through the
@@ -704,9 +709,9 @@ impl LlamaModel {
         for (layer, block) in self.blocks.iter().enumerate() {
             let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
             let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, Ops::Fused)?;
-            let q = block.q.forward(&hn, lora(Target::Q))?;
-            let k = block.k.forward(&hn, lora(Target::K))?;
-            let v = block.v.forward(&hn, lora(Target::V))?;
+            let q = block.q.forward(&hn, lora(Target::Q), Ops::Fused)?;
+            let k = block.k.forward(&hn, lora(Target::K), Ops::Fused)?;
+            let v = block.v.forward(&hn, lora(Target::V), Ops::Fused)?;
             let mut outs = Vec::with_capacity(groups.len());
             let mut row = 0;
             for g in groups.iter() {
@@ -735,15 +740,80 @@ impl LlamaModel {
                 row += r;
             }
             let attn = Tensor::cat(&outs, 0)?;
-            x = (x + block.o.forward(&attn, lora(Target::O))?)?;
+            x = (x + block.o.forward(&attn, lora(Target::O), Ops::Fused)?)?;
             x = (&x + self.mlp(block, &x, layer, adapter, Ops::Fused)?)?;
         }
         for g in groups.iter_mut() {
             g.cache.len += 1;
         }
         let x = rms_norm(&x, &self.norm, cfg.rms_norm_eps, Ops::Fused)?;
-        let logits = self.lm_head.forward(&x, None)?;
+        let logits = self.lm_head.forward(&x, None, Ops::Fused)?;
         Ok(logits)
+    }
+
+    /// The rotary tables of positions `start..start + t` in the layout `ops` needs (see
+    /// [`rope`]).
+    fn rope_tables(&self, start: usize, t: usize, ops: Ops) -> Result<(Tensor, Tensor)> {
+        let cos = self.cos.narrow(0, start, t)?;
+        let sin = self.sin.narrow(0, start, t)?;
+        match ops {
+            Ops::Fused => Ok((cos, sin)),
+            // The composed rope multiplies by full-width tables: repeat the halves once, not
+            // per layer.
+            Ops::Differentiable => Ok((
+                Tensor::cat(&[&cos, &cos], D::Minus1)?,
+                Tensor::cat(&[&sin, &sin], D::Minus1)?,
+            )),
+        }
+    }
+
+    /// Layer `layer`'s queries `[b, heads, t, head_dim]`, keys and values `[b, kv_heads, t,
+    /// head_dim]` (rope applied with `tables` from [`LlamaModel::rope_tables`]) of the
+    /// residual stream `x: [b·t, hidden]`.
+    fn qkv(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        (b, t): (usize, usize),
+        tables: &(Tensor, Tensor),
+        adapter: Option<&LoraAdapter>,
+        ops: Ops,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let cfg = &self.cfg;
+        let block = &self.blocks[layer];
+        let lora = |tg: Target| adapter.and_then(|a| a.get(layer, tg).map(|p| (p, a.scale())));
+        let (h, kvh, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let hn = rms_norm(x, &block.attn_norm, cfg.rms_norm_eps, ops)?;
+        let heads = |l: &Linear, tg: Target, n: usize| -> Result<Tensor> {
+            Ok(l.forward(&hn, lora(tg), ops)?
+                .reshape((b, t, n, hd))?
+                .transpose(1, 2)?)
+        };
+        let q = heads(&block.q, Target::Q, h)?;
+        let k = heads(&block.k, Target::K, kvh)?;
+        let v = heads(&block.v, Target::V, kvh)?;
+        let (cos, sin) = tables;
+        Ok((rope(&q, cos, sin, ops)?, rope(&k, cos, sin, ops)?, v))
+    }
+
+    /// The rest of layer `layer` after attention: `x + o(attn)`, then the MLP's residual.
+    /// `x: [n, hidden]`, `attn: [n, heads · head_dim]` → `[n, hidden]`.
+    fn finish_layer(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        attn: &Tensor,
+        adapter: Option<&LoraAdapter>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let block = &self.blocks[layer];
+        let lora = adapter.and_then(|a| a.get(layer, Target::O).map(|p| (p, a.scale())));
+        let x = (x + block.o.forward(attn, lora, ops)?)?;
+        Ok((&x + self.mlp(block, &x, layer, adapter, ops)?)?)
     }
 
     fn mlp(
@@ -756,9 +826,9 @@ impl LlamaModel {
     ) -> Result<Tensor> {
         let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
         let hn = rms_norm(x, &block.mlp_norm, self.cfg.rms_norm_eps, ops)?;
-        let gate = block.gate.forward(&hn, lora(Target::Gate))?.silu()?;
-        let up = block.up.forward(&hn, lora(Target::Up))?;
-        block.down.forward(&(gate * up)?, lora(Target::Down))
+        let gate = block.gate.forward(&hn, lora(Target::Gate), ops)?.silu()?;
+        let up = block.up.forward(&hn, lora(Target::Up), ops)?;
+        block.down.forward(&(gate * up)?, lora(Target::Down), ops)
     }
 
     /// The final-norm hidden states of `tokens: [b, t]` starting at position `start`, as
@@ -802,41 +872,14 @@ impl LlamaModel {
         );
         let flat = tokens.flatten_all()?;
         let mut x = self.embed.index_select(&flat, 0)?;
-        let cos = self.cos.narrow(0, start, t)?;
-        let sin = self.sin.narrow(0, start, t)?;
-        // The composed rope multiplies by full-width tables: repeat the halves once, not per layer.
-        let (cos, sin) = match ops {
-            Ops::Fused => (cos, sin),
-            Ops::Differentiable => (
-                Tensor::cat(&[&cos, &cos], D::Minus1)?,
-                Tensor::cat(&[&sin, &sin], D::Minus1)?,
-            ),
-        };
+        let tables = self.rope_tables(start, t, ops)?;
         let mask = if t > 1 {
             Some(causal_mask(t, start, &self.device)?)
         } else {
             None
         };
-        for (layer, block) in self.blocks.iter().enumerate() {
-            let lora = |tg: Target| adapter.and_then(|a| a.get(layer, tg).map(|p| (p, a.scale())));
-            let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, ops)?;
-            let q = block
-                .q
-                .forward(&hn, lora(Target::Q))?
-                .reshape((b, t, h, hd))?
-                .transpose(1, 2)?;
-            let k = block
-                .k
-                .forward(&hn, lora(Target::K))?
-                .reshape((b, t, kvh, hd))?
-                .transpose(1, 2)?;
-            let v = block
-                .v
-                .forward(&hn, lora(Target::V))?
-                .reshape((b, t, kvh, hd))?
-                .transpose(1, 2)?;
-            let q = rope(&q, &cos, &sin, ops)?;
-            let k = rope(&k, &cos, &sin, ops)?;
+        for layer in 0..self.blocks.len() {
+            let (q, k, v) = self.qkv(layer, &x, (b, t), &tables, adapter, ops)?;
             if let Some(out) = past.collect.as_deref_mut() {
                 out.push((k.clone(), v.clone()));
             }
@@ -861,8 +904,7 @@ impl LlamaModel {
             };
             let o = attend(&q, &k, &v, mask.as_ref(), cfg.kv_groups(), ops)?;
             let o = o.reshape((b * t, h * hd))?;
-            x = (x + block.o.forward(&o, lora(Target::O))?)?;
-            x = (&x + self.mlp(block, &x, layer, adapter, ops)?)?;
+            x = self.finish_layer(layer, &x, &o, adapter, ops)?;
         }
         rms_norm(&x, &self.norm, cfg.rms_norm_eps, ops)
     }

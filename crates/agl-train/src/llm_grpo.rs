@@ -60,7 +60,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agl_core::Triplet;
-use agl_llm::{LlamaModel, LoraAdapter};
+use agl_llm::{LlamaModel, LogprobGradients, LoraAdapter};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
@@ -667,15 +667,21 @@ impl LoraParams {
         })
     }
 
-    /// The adapted model's log-probabilities of `mb`'s continuations, `[g, S]`, differentiable
-    /// in the adapter's factors.
+    /// The adapted model's log-probabilities of `mb`'s continuations (`[g, S]`, detached),
+    /// `loss` of them, and its gradient in the adapter's factors, computed with activation
+    /// checkpointing ([`LlamaModel::prefixed_logprobs_backward`]): memory bounded by one
+    /// layer's pieces, not by the whole graph.
     ///
     /// # Errors
-    /// Tensor errors.
-    pub(crate) fn logprobs(&self, mb: &MicroBatch) -> Result<Tensor, TrainError> {
+    /// The closure's and tensor errors.
+    pub(crate) fn backward(
+        &self,
+        mb: &MicroBatch,
+        loss: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> Result<LogprobGradients, TrainError> {
         Ok(self
             .model
-            .prefixed_logprobs(&mb.prefix, &mb.suffixes, Some(&self.adapter))?)
+            .prefixed_logprobs_backward(&mb.prefix, &mb.suffixes, &self.adapter, loss)?)
     }
 
     /// Adds `grads` into `acc` for every variable (the sum over micro-batches).
@@ -793,29 +799,39 @@ impl LlmGrpo {
             let mut acc: Option<GradStore> = None;
             let (mut loss_sum, mut kl_sum, mut clipped, mut max_dev) = (0f64, 0f64, 0f64, 0f64);
             for mb in &batches {
-                let forward_started = Instant::now();
-                let new = self.lora.logprobs(mb)?;
-                let log_ratio = (&new - &mb.old)?;
-                let ratio = log_ratio.exp()?;
-                let surr1 = ratio.broadcast_mul(&mb.adv)?;
-                let surr2 = ratio.clamp(lo, hi)?.broadcast_mul(&mb.adv)?;
-                let mut per_token = surr1.minimum(&surr2)?.neg()?;
-                if beta > 0.0 {
-                    let reference = self
-                        .lora
-                        .model
-                        .prefixed_logprobs(&mb.prefix, &mb.suffixes, None)?
-                        .detach();
-                    let d = (&reference - &new)?;
-                    let k3 = ((d.exp()? - &d)? - 1.0)?;
-                    kl_sum += f64::from((&k3 * &mb.mask)?.sum_all()?.to_scalar::<f32>()?);
-                    per_token = (per_token + (k3 * beta)?)?;
+                let reference = if beta > 0.0 {
+                    let started = Instant::now();
+                    let r = self.lora.model.prefixed_logprobs_detached(
+                        &mb.prefix,
+                        &mb.suffixes,
+                        None,
+                    )?;
+                    stats.forward_seconds += started.elapsed().as_secs_f64();
+                    Some(r)
+                } else {
+                    None
+                };
+                let out = self.lora.backward(mb, |new| {
+                    let ratio = (new - &mb.old)?.exp()?;
+                    let surr1 = ratio.broadcast_mul(&mb.adv)?;
+                    let surr2 = ratio.clamp(lo, hi)?.broadcast_mul(&mb.adv)?;
+                    let mut per_token = surr1.minimum(&surr2)?.neg()?;
+                    if let Some(reference) = &reference {
+                        per_token = (per_token + (k3(reference, new)? * beta)?)?;
+                    }
+                    (per_token * &mb.mask)?.sum_all()? / denom
+                })?;
+                stats.forward_seconds += out.forward_seconds;
+                stats.backward_seconds += out.backward_seconds;
+                loss_sum += f64::from(out.loss.to_scalar::<f32>()?);
+                if let Some(reference) = &reference {
+                    let k = k3(reference, &out.logprobs)?;
+                    kl_sum += f64::from((k * &mb.mask)?.sum_all()?.to_scalar::<f32>()?);
                 }
-                let loss = ((per_token * &mb.mask)?.sum_all()? / denom)?;
-                loss_sum += f64::from(loss.to_scalar::<f32>()?);
-                let r = ratio.detach();
-                let out = (r.lt(lo)?.to_dtype(DType::F32)? + r.gt(hi)?.to_dtype(DType::F32)?)?;
-                clipped += f64::from((out * &mb.mask)?.sum_all()?.to_scalar::<f32>()?);
+                let r = (&out.logprobs - &mb.old)?.exp()?;
+                let outside =
+                    (r.lt(lo)?.to_dtype(DType::F32)? + r.gt(hi)?.to_dtype(DType::F32)?)?;
+                clipped += f64::from((outside * &mb.mask)?.sum_all()?.to_scalar::<f32>()?);
                 if inner == 0 {
                     let dev = ((r - 1.0)?.abs()? * &mb.mask)?
                         .flatten_all()?
@@ -823,11 +839,7 @@ impl LlmGrpo {
                         .to_scalar::<f32>()?;
                     max_dev = max_dev.max(f64::from(dev));
                 }
-                let backward_started = Instant::now();
-                stats.forward_seconds += (backward_started - forward_started).as_secs_f64();
-                let grads = loss.backward()?;
-                acc = Some(self.lora.accumulate(acc, grads)?);
-                stats.backward_seconds += backward_started.elapsed().as_secs_f64();
+                acc = Some(self.lora.accumulate(acc, out.grads)?);
             }
             let Some(grads) = acc else { break };
             let norm = self.lora.apply(grads, self.config.max_grad_norm)?;
@@ -842,6 +854,13 @@ impl LlmGrpo {
         stats.seconds = started.elapsed().as_secs_f64();
         Ok(stats)
     }
+}
+
+/// The k3 estimator of KL(new ‖ reference) per token: `exp(ref − new) − (ref − new) − 1`
+/// (Schulman 2020), `[g, S]`.
+fn k3(reference: &Tensor, new: &Tensor) -> candle_core::Result<Tensor> {
+    let d = (reference - new)?;
+    (d.exp()? - &d)? - 1.0
 }
 
 #[cfg(test)]

@@ -200,15 +200,13 @@ impl LlmSft {
             self.config.micro_batch_cells,
         ) {
             let mb = micro_batch(&device, &run)?;
-            let forward_started = Instant::now();
-            let logprobs = self.lora.logprobs(&mb)?;
-            let loss = ((logprobs * &mb.mask)?.sum_all()?.neg()? / denom)?;
-            loss_sum += f64::from(loss.to_scalar::<f32>()?);
-            let backward_started = Instant::now();
-            stats.forward_seconds += (backward_started - forward_started).as_secs_f64();
-            let grads = loss.backward()?;
-            acc = Some(self.lora.accumulate(acc, grads)?);
-            stats.backward_seconds += backward_started.elapsed().as_secs_f64();
+            let out = self
+                .lora
+                .backward(&mb, |lp| (lp * &mb.mask)?.sum_all()?.neg()? / denom)?;
+            loss_sum += f64::from(out.loss.to_scalar::<f32>()?);
+            stats.forward_seconds += out.forward_seconds;
+            stats.backward_seconds += out.backward_seconds;
+            acc = Some(self.lora.accumulate(acc, out.grads)?);
         }
         if let Some(grads) = acc {
             stats.grad_norm = self.lora.apply(grads, self.config.max_grad_norm)?;
