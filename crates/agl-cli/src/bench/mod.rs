@@ -7,3 +7,4 @@ pub mod governance;
 pub mod llm;
 pub mod server;
 pub mod store;
+pub mod update;

@@ -28,6 +28,10 @@ pub enum BenchCommand {
     /// LLM gateway overhead: p50/p99 of a model call through the governed gateway against the
     /// same call to the engine's API directly, with 1 and 64 concurrent agents.
     Gateway(crate::bench::gateway::GatewayBenchArgs),
+    /// One LoRA GRPO update on Spider prompts: forward and backward seconds, peak RSS and
+    /// achieved GFLOP/s against f32 matmul at the model's layer shapes; `--plain` adds the
+    /// backward that holds the whole graph, side by side.
+    Update(crate::bench::update::UpdateBenchArgs),
 }
 
 /// Runs a `bench` subcommand.
@@ -38,5 +42,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Server(args) => crate::bench::server::run(&args),
         BenchCommand::Llm(args) => crate::bench::llm::run(&args),
         BenchCommand::Gateway(args) => crate::bench::gateway::run(&args),
+        BenchCommand::Update(args) => crate::bench::update::run(&args),
     }
 }
