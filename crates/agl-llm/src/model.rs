@@ -32,6 +32,7 @@ use crate::config::ModelConfig;
 use crate::error::{LlmError, Result};
 use crate::lora::{LoraAdapter, LoraPair, Target};
 
+mod attention;
 mod checkpoint;
 mod frozen;
 

@@ -627,6 +627,15 @@ fn surrogate_loss(
     (ratio.broadcast_mul(adv)? * mask)?.sum_all()?.neg()? / n
 }
 
+/// A tensor of `dims` drawn uniformly from `[-scale, scale)` with a fixed seed.
+fn seeded(dims: &[usize], scale: f32, seed: u64) -> Tensor {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let n: usize = dims.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.random_range(-scale..scale)).collect();
+    Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+}
+
 #[test]
 fn checkpointed_and_plain_backward_give_the_same_gradients() {
     let Some(lm) = common::loaded() else { return };
@@ -636,10 +645,10 @@ fn checkpointed_and_plain_backward_give_the_same_gradients() {
         ..Default::default()
     };
     let (adapter, vars) = LoraAdapter::new_trainable(cfg, mc, &Device::Cpu, 11).unwrap();
-    // B = 0 would leave A without gradient; move B as after a first update.
+    // B = 0 would leave A without gradient; move B as after a first update. Seeded, so that
+    // the comparison is the same on every run.
     for v in vars.iter().skip(1).step_by(2) {
-        v.set(&Tensor::randn(0f32, 0.01, v.shape(), &Device::Cpu).unwrap())
-            .unwrap();
+        v.set(&seeded(v.dims(), 0.02, 3)).unwrap();
     }
     // A prefix of more than one query block (128) and, in the second case, continuations of
     // more than one block, so that every blocked path is crossed.
@@ -658,8 +667,8 @@ fn checkpointed_and_plain_backward_give_the_same_gradients() {
             .unsqueeze(0)
             .unwrap();
         let suffixes = Tensor::from_vec(rows, (g, s), &Device::Cpu).unwrap();
-        let old = Tensor::randn(-2f32, 0.5, (g, s), &Device::Cpu).unwrap();
-        let adv = Tensor::randn(0f32, 1.0, (g, 1), &Device::Cpu).unwrap();
+        let old = (seeded(&[g, s], 0.5, 4) - 2.0).unwrap();
+        let adv = seeded(&[g, 1], 1.0, 5);
         // The last row is shorter: its last three positions are padding.
         let mut m = vec![1f32; g * s];
         for x in &mut m[g * s - 3..] {
@@ -679,27 +688,37 @@ fn checkpointed_and_plain_backward_give_the_same_gradients() {
                 surrogate_loss(lp, &old, &adv, &mask)
             })
             .unwrap();
-        assert!(max_abs_diff(&ours.logprobs, &plain_lp) < 1e-4);
-        let dl =
-            (ours.loss.to_scalar::<f32>().unwrap() - plain_loss.to_scalar::<f32>().unwrap()).abs();
-        assert!(dl < 1e-5, "losses differ by {dl}");
+        let d = max_abs_diff(&ours.logprobs, &plain_lp);
+        assert!(d < 1e-4, "log-probabilities differ by {d}");
+        let (l1, l2) = (
+            ours.loss.to_scalar::<f32>().unwrap(),
+            plain_loss.to_scalar::<f32>().unwrap(),
+        );
+        assert!(
+            (l1 - l2).abs() <= 1e-4 * l2.abs().max(1e-3),
+            "losses {l1} and {l2} differ"
+        );
         let detached = lm
             .model
             .prefixed_logprobs_detached(&prefix_t, &suffixes, Some(&adapter))
             .unwrap();
         assert!(max_abs_diff(&detached, &plain_lp) < 1e-4);
-        let mut worst = 0f64;
+        let mut errors = Vec::new();
         for (i, v) in vars.iter().enumerate() {
             let b = plain.get(v).expect("every factor has a plain gradient");
             let a = ours
                 .grads
                 .get(v)
                 .unwrap_or_else(|| panic!("factor {i} has no checkpointed gradient"));
-            worst = worst.max(relative_l2(a, b));
+            errors.push((relative_l2(a, b), i));
         }
+        errors.sort_by(|x, y| y.0.total_cmp(&x.0));
+        let worst = errors[0].0;
+        // (error, index): factors are ordered by layer, then target, A before B.
         eprintln!(
-            "g={g} S={s}: largest ‖Δg‖/‖g‖ over {} factors: {worst:e}",
-            vars.len()
+            "g={g} S={s}: largest ‖Δg‖/‖g‖ over {} factors: {:?}",
+            vars.len(),
+            &errors[..3]
         );
         assert!(
             worst <= 1e-4,

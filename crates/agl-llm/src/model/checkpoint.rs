@@ -8,24 +8,21 @@
 //! computes the same gradients holding one piece at a time, as gradient checkpointing does
 //! (Chen et al. 2016, arXiv:1604.06174; Hugging Face's `gradient_checkpointing_enable`):
 //!
-//! 1. **Forward, nothing retained**: per layer, its input (the residual stream, `[tokens,
-//!    hidden]`) and its attention output (`[tokens, heads · head_dim]`) are saved, detached;
-//!    attention runs in blocks of [`QUERY_BLOCK`] queries, each against only the keys it can
-//!    see (causal), so no `[queries, keys]` score matrix is ever whole.
+//! 1. **Forward, nothing retained**: each layer's input (the residual stream, `[tokens,
+//!    hidden]`) is saved, detached. Attention is one op with its own blocked backward
+//!    ([`super::attention`]), so no `[queries, keys]` score matrix is ever whole.
 //! 2. **Head**: the final norm, the LM head and the log-softmax run only at response
 //!    positions, in chunks of at most [`HEAD_CELLS`] logits; the caller's loss is evaluated on
 //!    the `[g, S]` log-probabilities and differentiated to `∂L/∂logp`; each chunk is then
 //!    recomputed and back-propagated with `sum(logp · ∂L/∂logp)` to the last hidden states.
-//! 3. **Layers, last to first**: candle's autograd differentiates a scalar, so each piece is
+//! 3. **Layers, last to first**: candle's autograd differentiates a scalar, so each layer is
 //!    re-run from its saved input as a variable and back-propagated with `sum(output ·
-//!    upstream gradient)`: the MLP half (`x + o(attn)`, then the MLP residual) from the saved
-//!    attention output; attention block by block from detached queries, keys and values; the
-//!    query/key/value projections from the layer input. The gradients of the LoRA factors
-//!    are collected along the way; the base weights are frozen ([`super::frozen`]).
+//!    upstream gradient)`, giving the gradient of its input (the next upstream gradient) and
+//!    of its LoRA factors. The base weights are frozen ([`super::frozen`]).
 //!
-//! Each op is recomputed at most once (the attention scores twice: forward, then per block in
-//! the backward), against a plain backward that holds everything. Memory: the saved stream,
-//! `layers · tokens · (hidden + heads · head_dim)` floats, plus one piece's graph.
+//! Each layer runs forward twice (once more than a plain backward), and one layer's graph
+//! (tensors of `tokens × width`, no attention scores) is alive at a time. Memory: the saved
+//! stream, `layers · tokens · hidden` floats, plus one layer's graph and one head chunk.
 //!
 //! Not responsible for the loss (the caller's closure) or the optimizer.
 
@@ -34,12 +31,10 @@ use std::time::Instant;
 use candle_core::backprop::GradStore;
 use candle_core::{D, Tensor, Var};
 
-use super::{LlamaModel, Ops, attend, causal_mask, rms_norm};
+use super::attention::causal_attention;
+use super::{LlamaModel, Ops, rms_norm};
 use crate::error::{LlmError, Result};
 use crate::lora::{LoraAdapter, Target};
-
-/// Queries per attention block.
-pub const QUERY_BLOCK: usize = 128;
 
 /// Most logits (`rows · vocab`) the head computes at once: 8 Mi floats, 32 MiB per tensor
 /// (≈ 55 positions of Qwen2.5's 151,936-token vocabulary, 170 of SmolLM2's 49,152).
@@ -61,17 +56,9 @@ pub struct LogprobGradients {
     pub backward_seconds: f64,
 }
 
-/// One layer's saved activations (detached).
-struct Saved {
-    /// Input of the prefix, `[P, hidden]`.
-    xp: Tensor,
-    /// Input of the continuations, `[g·S, hidden]`.
-    xs: Tensor,
-    /// Attention output of the prefix, `[P, heads · head_dim]`.
-    op: Tensor,
-    /// Attention output of the continuations, `[g·S, heads · head_dim]`.
-    os: Tensor,
-}
+/// One layer's input: the prefix's stream `[P, hidden]` and the continuations' `[g·S,
+/// hidden]` (detached).
+type Streams = (Tensor, Tensor);
 
 /// A layer's queries, keys and values: the prefix's (`[1, ·, P, hd]`) and the continuations'
 /// (`[g, ·, S, hd]`).
@@ -82,12 +69,6 @@ struct Qkv {
     qs: Tensor,
     ks: Tensor,
     vs: Tensor,
-}
-
-impl Qkv {
-    fn all(&self) -> [&Tensor; 6] {
-        [&self.qp, &self.kp, &self.vp, &self.qs, &self.ks, &self.vs]
-    }
 }
 
 /// `g`'s entry for `t`, or zeros shaped like `t`.
@@ -117,35 +98,61 @@ fn blocks(n: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
 impl LlamaModel {
     /// Runs the shared prefix and its continuations through the layers without keeping a
     /// graph; returns the final residual streams `([P, hidden], [g·S, hidden])` and, when
-    /// `save`, each layer's [`Saved`] activations.
+    /// `save`, each layer's inputs.
     fn checkpointed_forward(
         &self,
         prefix: &Tensor,
         suffixes: &Tensor,
         adapter: Option<&LoraAdapter>,
         save: bool,
-    ) -> Result<(Tensor, Tensor, Vec<Saved>)> {
-        let (p, g, s) = check_prefixed(prefix, suffixes, self.cfg.max_position_embeddings)?;
+    ) -> Result<(Tensor, Tensor, Vec<Streams>)> {
+        let dims = check_prefixed(prefix, suffixes, self.cfg.max_position_embeddings)?;
         let mut xp = self.embed.index_select(&prefix.flatten_all()?, 0)?;
         let mut xs = self.embed.index_select(&suffixes.flatten_all()?, 0)?;
         let mut saved = Vec::with_capacity(if save { self.blocks.len() } else { 0 });
         for layer in 0..self.blocks.len() {
-            let qkv = self.layer_qkv(layer, &xp, &xs, (p, g, s), adapter)?;
-            let [qp, kp, vp, qs, ks, vs] = qkv.all().map(Tensor::detach);
-            let op = self.prefix_attention(&qp, &kp, &vp, 0, p)?;
-            let os = self.suffix_attention(&qs, &kp, &vp, &ks, &vs, 0, s)?;
-            let yp = self
-                .finish_layer(layer, &xp, &op, adapter, Ops::Differentiable)?
-                .detach();
-            let ys = self
-                .finish_layer(layer, &xs, &os, adapter, Ops::Differentiable)?
-                .detach();
+            let (yp, ys) = self.prefixed_layer(layer, &xp, &xs, dims, adapter)?;
+            let (yp, ys) = (yp.detach(), ys.detach());
             if save {
-                saved.push(Saved { xp, xs, op, os });
+                saved.push((xp, xs));
             }
             (xp, xs) = (yp, ys);
         }
         Ok((xp, xs, saved))
+    }
+
+    /// Layer `layer` on the prefix's stream `xp: [P, hidden]` and the continuations' `xs:
+    /// [g·S, hidden]`, the continuations attending to the whole prefix: the layer's outputs,
+    /// same shapes. Differentiable.
+    fn prefixed_layer(
+        &self,
+        layer: usize,
+        xp: &Tensor,
+        xs: &Tensor,
+        (p, g, s): (usize, usize, usize),
+        adapter: Option<&LoraAdapter>,
+    ) -> Result<(Tensor, Tensor)> {
+        let cfg = &self.cfg;
+        let (kvh, hd, groups) = (cfg.num_key_value_heads, cfg.head_dim, cfg.kv_groups());
+        let width = cfg.num_attention_heads * hd;
+        let Qkv {
+            qp,
+            kp,
+            vp,
+            qs,
+            ks,
+            vs,
+        } = self.layer_qkv(layer, xp, xs, (p, g, s), adapter)?;
+        let op = causal_attention(&qp, &kp, &vp, 0, groups)?.reshape((p, width))?;
+        let shape = (g, kvh, p, hd);
+        let keys = Tensor::cat(&[&kp.broadcast_as(shape)?, &ks], 2)?;
+        let values = Tensor::cat(&[&vp.broadcast_as(shape)?, &vs], 2)?;
+        let os = causal_attention(&qs, &keys, &values, p, groups)?.reshape((g * s, width))?;
+        let ops = Ops::Differentiable;
+        Ok((
+            self.finish_layer(layer, xp, &op, adapter, ops)?,
+            self.finish_layer(layer, xs, &os, adapter, ops)?,
+        ))
     }
 
     /// Both parts' queries, keys and values at layer `layer`.
@@ -170,78 +177,6 @@ impl LlamaModel {
             ks,
             vs,
         })
-    }
-
-    /// The prefix's attention output for its queries `a..a + n`, `[n, heads · hd]`: each
-    /// block of [`QUERY_BLOCK`] queries against the keys `0..` its last query.
-    fn prefix_attention(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        a: usize,
-        n: usize,
-    ) -> Result<Tensor> {
-        let mut outs = Vec::new();
-        for (start, len) in blocks(n, QUERY_BLOCK) {
-            let start = a + start;
-            let mask = causal_mask(len, start, &self.device)?;
-            let o = attend(
-                &q.narrow(2, start, len)?,
-                &k.narrow(2, 0, start + len)?,
-                &v.narrow(2, 0, start + len)?,
-                Some(&mask),
-                self.cfg.kv_groups(),
-                Ops::Differentiable,
-            )?;
-            outs.push(o.squeeze(0)?);
-        }
-        Ok(Tensor::cat(&outs, 0)?)
-    }
-
-    /// The continuations' attention output for their positions `a..a + n`, `[g·n, heads ·
-    /// hd]`: each block of queries (every row) against the whole prefix and the
-    /// continuation's keys up to its last query.
-    #[allow(clippy::too_many_arguments)]
-    fn suffix_attention(
-        &self,
-        q: &Tensor,
-        kp: &Tensor,
-        vp: &Tensor,
-        ks: &Tensor,
-        vs: &Tensor,
-        a: usize,
-        n: usize,
-    ) -> Result<Tensor> {
-        let (g, kvh, _, hd) = ks.dims4()?;
-        let p = kp.dim(2)?;
-        let mut outs = Vec::new();
-        for (start, len) in blocks(n, QUERY_BLOCK) {
-            let start = a + start;
-            let shape = (g, kvh, p, hd);
-            let keys = Tensor::cat(
-                &[&kp.broadcast_as(shape)?, &ks.narrow(2, 0, start + len)?],
-                2,
-            )?
-            .contiguous()?;
-            let values = Tensor::cat(
-                &[&vp.broadcast_as(shape)?, &vs.narrow(2, 0, start + len)?],
-                2,
-            )?
-            .contiguous()?;
-            // Query `i` of the block sits at position p + start + i and sees keys 0..=that.
-            let mask = causal_mask(len, p + start, &self.device)?;
-            outs.push(attend(
-                &q.narrow(2, start, len)?,
-                &keys,
-                &values,
-                Some(&mask),
-                self.cfg.kv_groups(),
-                Ops::Differentiable,
-            )?);
-        }
-        let o = Tensor::cat(&outs, 1)?; // [g, n, heads · hd]
-        Ok(o.reshape((g * n, o.dim(2)?))?)
     }
 
     /// Log-probabilities of `targets` at the rows `index` of the final residual stream `x`
@@ -378,104 +313,16 @@ impl LlamaModel {
         let mut gs = g_stream.narrow(0, p, g * s)?;
 
         let mut lora = GradStore::default();
-        for layer in (0..self.blocks.len()).rev() {
-            let sv = &saved[layer];
-            let (xp, xs) = (Var::from_tensor(&sv.xp)?, Var::from_tensor(&sv.xs)?);
-
-            // The MLP half, from the saved attention output.
-            let (op, os) = (Var::from_tensor(&sv.op)?, Var::from_tensor(&sv.os)?);
-            let ops = Ops::Differentiable;
-            let yp =
-                self.finish_layer(layer, xp.as_tensor(), op.as_tensor(), Some(adapter), ops)?;
-            let ys =
-                self.finish_layer(layer, xs.as_tensor(), os.as_tensor(), Some(adapter), ops)?;
+        let dims = (p, g, s);
+        for (layer, (xp, xs)) in saved.iter().enumerate().rev() {
+            let (xp, xs) = (Var::from_tensor(xp)?, Var::from_tensor(xs)?);
+            let (yp, ys) =
+                self.prefixed_layer(layer, xp.as_tensor(), xs.as_tensor(), dims, Some(adapter))?;
             let surrogate = ((yp * &gp)?.sum_all()? + (ys * &gs)?.sum_all()?)?;
             let grads = surrogate.backward()?;
-            let (mut gxp, mut gxs) = (
-                grad_or_zeros(&grads, xp.as_tensor())?,
-                grad_or_zeros(&grads, xs.as_tensor())?,
-            );
-            let g_op = grad_or_zeros(&grads, op.as_tensor())?;
-            let g_os = grad_or_zeros(&grads, os.as_tensor())?;
-            collect_lora(
-                &mut lora,
-                &grads,
-                adapter,
-                layer,
-                &[Target::O, Target::Gate, Target::Up, Target::Down],
-            )?;
-            drop(grads);
-
-            // Attention, block by block, back to the queries, keys and values.
-            let qkv = self.layer_qkv(
-                layer,
-                xp.as_tensor(),
-                xs.as_tensor(),
-                (p, g, s),
-                Some(adapter),
-            )?;
-            let vars = qkv.all().map(|t| Var::from_tensor(&t.detach()));
-            let [qp, kp, vp, qs, ks, vs] = vars;
-            let (qp, kp, vp, qs, ks, vs) = (qp?, kp?, vp?, qs?, ks?, vs?);
-            let mut acc: [Option<Tensor>; 6] = Default::default();
-            let attn_vars = [&qp, &kp, &vp, &qs, &ks, &vs];
-            let width = g_op.dim(1)?;
-            for (a, n) in blocks(p, QUERY_BLOCK) {
-                let o =
-                    self.prefix_attention(qp.as_tensor(), kp.as_tensor(), vp.as_tensor(), a, n)?;
-                let surrogate = (o * g_op.narrow(0, a, n)?)?.sum_all()?;
-                let grads = surrogate.backward()?;
-                for (slot, v) in acc.iter_mut().zip(attn_vars).take(3) {
-                    if let Some(x) = grads.get(v.as_tensor()) {
-                        add_into(slot, x.clone())?;
-                    }
-                }
-            }
-            let g_os = g_os.reshape((g, s, width))?;
-            for (a, n) in blocks(s, QUERY_BLOCK) {
-                let o = self.suffix_attention(
-                    qs.as_tensor(),
-                    kp.as_tensor(),
-                    vp.as_tensor(),
-                    ks.as_tensor(),
-                    vs.as_tensor(),
-                    a,
-                    n,
-                )?;
-                let up = g_os.narrow(1, a, n)?.reshape((g * n, width))?;
-                let surrogate = (o * up)?.sum_all()?;
-                let grads = surrogate.backward()?;
-                for (slot, v) in acc.iter_mut().zip(attn_vars) {
-                    if let Some(x) = grads.get(v.as_tensor()) {
-                        add_into(slot, x.clone())?;
-                    }
-                }
-            }
-
-            // The projections, back to the layer input.
-            let mut surrogate: Option<Tensor> = None;
-            for (t, g_t) in qkv.all().into_iter().zip(acc) {
-                if let Some(g_t) = g_t {
-                    add_into(&mut surrogate, (t * g_t)?.sum_all()?)?;
-                }
-            }
-            if let Some(surrogate) = surrogate {
-                let grads = surrogate.backward()?;
-                if let Some(x) = grads.get(xp.as_tensor()) {
-                    gxp = (gxp + x)?;
-                }
-                if let Some(x) = grads.get(xs.as_tensor()) {
-                    gxs = (gxs + x)?;
-                }
-                collect_lora(
-                    &mut lora,
-                    &grads,
-                    adapter,
-                    layer,
-                    &[Target::Q, Target::K, Target::V],
-                )?;
-            }
-            (gp, gs) = (gxp, gxs);
+            collect_lora(&mut lora, &grads, adapter, layer)?;
+            gp = grad_or_zeros(&grads, xp.as_tensor())?;
+            gs = grad_or_zeros(&grads, xs.as_tensor())?;
         }
         Ok(LogprobGradients {
             logprobs,
@@ -487,16 +334,14 @@ impl LlamaModel {
     }
 }
 
-/// Moves the gradients of layer `layer`'s LoRA factors for `targets` from `grads` into
-/// `into` (adding to what is there).
+/// Adds the gradients of layer `layer`'s LoRA factors in `grads` into `into`.
 fn collect_lora(
     into: &mut GradStore,
     grads: &GradStore,
     adapter: &LoraAdapter,
     layer: usize,
-    targets: &[Target],
 ) -> Result<()> {
-    for &t in targets {
+    for t in Target::ALL {
         let Some(pair) = adapter.get(layer, t) else {
             continue;
         };
