@@ -10,7 +10,11 @@
 //! Two modes share this code:
 //! * **training** ([`LlamaModel::forward_logits`], [`LlamaModel::token_logprobs`]): teacher
 //!   forcing over whole sequences, built only from ops that have a backward pass (candle's
-//!   fused `rms_norm`, `rope` and `softmax_last_dim` have none, so they are composed here);
+//!   fused `rms_norm`, `rope` and `softmax_last_dim` have none, so they are composed here).
+//!   What the trainer runs is the checkpointed form of the same pass
+//!   ([`LlamaModel::prefixed_logprobs_backward`], in `checkpoint`): layers recomputed from
+//!   their saved inputs, attention as one op with a blocked backward (`attention`), base
+//!   weights frozen constants whose backward computes no weight gradient (`frozen`);
 //! * **sampling** ([`LlamaModel::prefill`], [`LlamaModel::decode`]): a prompt is prefilled once
 //!   into a [`KvCache`], then a batch of groups decodes one token per row per step; fused
 //!   kernels are used where candle has them. The two modes agree to ~1e-4 in the logits, so the

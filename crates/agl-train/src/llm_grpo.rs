@@ -42,7 +42,10 @@
 //! forward and backward. Samples that share a prompt (a group's G answers) share a forward
 //! pass: the prompt runs once and its keys and values serve every answer, differentiably
 //! ([`agl_llm::LlamaModel::prefixed_logprobs`]), so an update costs `P + G·S` positions per
-//! group instead of `G·(P + S)`. Gradients are accumulated over micro-batches bounded by
+//! group instead of `G·(P + S)`. Each pass is checkpointed
+//! ([`agl_llm::LlamaModel::prefixed_logprobs_backward`]): layers are recomputed from their saved
+//! inputs during the backward pass, attention runs in query blocks and the LM head in chunks
+//! of response positions, so memory stays near the model's own size. Gradients are accumulated over micro-batches bounded by
 //! [`LlmGrpoConfig::micro_batch`] rows and [`LlmGrpoConfig::micro_batch_cells`] attention cells
 //! (memory stays bounded), clipped to a global L2 norm and applied with AdamW (candle-nn's). Only the LoRA factors are variables; the base weights
 //! are plain tensors and stay frozen.
@@ -93,11 +96,11 @@ pub struct LlmGrpoConfig {
     pub micro_batch: usize,
     /// Most attention cells per pass (default 300,000): `P² + rows · S · (P + S)` for a prompt
     /// of `P` tokens and `rows` continuations padded to `S`; a row that alone exceeds it goes
-    /// alone. The composed attention keeps many `[heads, queries, keys]` tensors per layer for
-    /// the backward pass (scores, mask, softmax and their gradients), so memory follows these
-    /// cells, not the token count. Measured with SmolLM2-135M on the Spider prompts: 300,000
-    /// peaked at 18.5 GB resident; 700,000 (8 answers sharing a ~700-token prompt) exhausted
-    /// 24 GiB.
+    /// alone. The update is checkpointed
+    /// ([`agl_llm::LlamaModel::prefixed_logprobs_backward`]: one layer's graph alive at a time,
+    /// attention in query blocks, the LM head in chunks), so a pass's memory grows with its
+    /// tokens (`layers · (P + rows · S) · hidden` floats saved), not with these cells; the budget
+    /// keeps a pass's size, and so its memory, predictable.
     pub micro_batch_cells: usize,
     /// Optimizer steps per batch of samples (μ, default 1: on-policy).
     pub inner_steps: usize,
