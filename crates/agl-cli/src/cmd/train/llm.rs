@@ -125,7 +125,7 @@ pub struct LlmTrainArgs {
     /// Most attention cells per forward/backward pass (--agent llm): prompt² + answers ×
     /// answer length × (prompt + answer length); bounds memory (an answer over budget alone
     /// goes alone).
-    #[arg(long, default_value_t = 300_000)]
+    #[arg(long, default_value_t = 2_500_000)]
     pub micro_batch_cells: usize,
     /// Train questions used (--agent llm): easy (single-table SELECT gold queries) or all.
     #[arg(long, default_value = "easy", value_parser = curriculum_parser())]
