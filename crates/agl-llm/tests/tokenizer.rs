@@ -9,6 +9,12 @@
 //! Skipped, with a message, when the model file is absent: it is looked for at
 //! `$AGL_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf`, `AGL_HOME`
 //! defaulting to `$HOME/.cache/agl` (`agl model pull smollm2-135m-instruct` puts it there).
+//!
+//! The same checks for Qwen2.5-Coder-1.5B-Instruct (`tests/fixtures/qwen25_coder_spider_dev_tokens.jsonl`,
+//! made with `tokenizer_check.py --reference qwen2`) are ignored by default: they need the
+//! 1.1 GB model, which CI does not pull. Run them with `agl model pull
+//! qwen2.5-coder-1.5b-instruct` and `cargo test -p agl-llm --test tokenizer -- --ignored`;
+//! then a missing model is a failure, not a skip.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
@@ -18,7 +24,26 @@ use agl_llm::tokenizer::Tokenizer;
 use candle_core::quantized::gguf_file;
 use serde_json::{Value, json};
 
-fn model_path() -> PathBuf {
+/// A model under test: its cache directory and file, and its fixture.
+struct Case {
+    name: &'static str,
+    file: &'static str,
+    fixture: &'static str,
+}
+
+const SMOLLM2: Case = Case {
+    name: "smollm2-135m-instruct",
+    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    fixture: "smollm2_spider_dev_tokens.jsonl",
+};
+
+const QWEN25_CODER: Case = Case {
+    name: "qwen2.5-coder-1.5b-instruct",
+    file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    fixture: "qwen25_coder_spider_dev_tokens.jsonl",
+};
+
+fn model_path(case: &Case) -> PathBuf {
     let home = std::env::var_os("AGL_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -27,18 +52,21 @@ fn model_path() -> PathBuf {
                 .unwrap_or_default();
             home.join(".cache").join("agl")
         });
-    home.join("models")
-        .join("smollm2-135m-instruct")
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf")
+    home.join("models").join(case.name).join(case.file)
 }
 
-fn load() -> Option<(Tokenizer, ChatTemplate)> {
-    let path = model_path();
+/// The model's tokenizer and template; `None` (with a message) when the file is absent and
+/// `required` is false.
+fn load_case(case: &Case, required: bool) -> Option<(Tokenizer, ChatTemplate)> {
+    let path = model_path(case);
     if !path.is_file() {
-        eprintln!(
-            "SKIPPED: {} not found (run `agl model pull smollm2-135m-instruct` or set AGL_HOME)",
-            path.display()
+        let msg = format!(
+            "{} not found (run `agl model pull {}` or set AGL_HOME)",
+            path.display(),
+            case.name
         );
+        assert!(!required, "{msg}");
+        eprintln!("SKIPPED: {msg}");
         return None;
     }
     let mut file = std::fs::File::open(&path).unwrap();
@@ -46,18 +74,27 @@ fn load() -> Option<(Tokenizer, ChatTemplate)> {
     let tokenizer = Tokenizer::from_gguf(&path, &content).unwrap();
     let template = ChatTemplate::from_gguf(&path, &content)
         .unwrap()
-        .expect("SmolLM2 has a chat template");
+        .expect("the model has a chat template");
     Some((tokenizer, template))
 }
 
-fn fixture() -> Vec<Value> {
+fn load() -> Option<(Tokenizer, ChatTemplate)> {
+    load_case(&SMOLLM2, false)
+}
+
+fn fixture_of(case: &Case) -> Vec<Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/smollm2_spider_dev_tokens.jsonl");
+        .join("tests/fixtures")
+        .join(case.fixture);
     let text = std::fs::read_to_string(&path).unwrap();
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+fn fixture() -> Vec<Value> {
+    fixture_of(&SMOLLM2)
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -73,7 +110,39 @@ fn smollm2_matches_transformers_on_spider_dev() {
     let Some((tok, template)) = load() else {
         return;
     };
-    let lines = fixture();
+    matches_transformers_on_spider_dev(&tok, &template, &fixture());
+}
+
+#[test]
+#[ignore = "needs the 1.1 GB Qwen2.5-Coder GGUF: agl model pull qwen2.5-coder-1.5b-instruct, then --ignored"]
+fn qwen25_coder_matches_transformers_on_spider_dev() {
+    let (tok, template) = load_case(&QWEN25_CODER, true).expect("required");
+    matches_transformers_on_spider_dev(&tok, &template, &fixture_of(&QWEN25_CODER));
+}
+
+#[test]
+#[ignore = "needs the 1.1 GB Qwen2.5-Coder GGUF: agl model pull qwen2.5-coder-1.5b-instruct, then --ignored"]
+fn qwen25_coder_probes_follow_tokenizer_json_semantics() {
+    let (tok, _) = load_case(&QWEN25_CODER, true).expect("required");
+    for line in fixture_of(&QWEN25_CODER) {
+        let Some(j) = line.get("probe").and_then(Value::as_u64) else {
+            continue;
+        };
+        let text = line["text"].as_str().unwrap();
+        let got = tok.encode(text, false).unwrap();
+        assert_eq!(got, ids(&line["ref_ids"]), "probe {j} {text:?}");
+        assert_eq!(got, ids(&line["ids"]), "probe {j} {text:?} (transformers)");
+        assert_eq!(
+            tok.decode(&got, false).unwrap(),
+            text,
+            "probe {j} round trip"
+        );
+    }
+}
+
+/// Every Spider dev question of `lines` (a fixture): bare ids, and the chat prompt with and
+/// without a system message as text and as ids, as transformers recorded them.
+fn matches_transformers_on_spider_dev(tok: &Tokenizer, template: &ChatTemplate, lines: &[Value]) {
     let header = &lines[0];
     assert_eq!(header["header"], json!(true));
     let mut questions = 0usize;

@@ -28,6 +28,11 @@ keys transformers' own reader produces, and hands it to transformers' `convert_g
 which is exactly what `AutoTokenizer` does after reading. Pass `--autotokenizer` to go through
 `AutoTokenizer` instead (needs torch in the venv); the output is the same.
 
+The same script makes the fixture for Qwen2.5-Coder-1.5B-Instruct
+(`crates/agl-llm/tests/fixtures/qwen25_coder_spider_dev_tokens.jsonl`, checked by an ignored test
+that needs the 1.1 GB model) with `--reference qwen2`: the probes' `ref_ids` then follow Qwen2's
+published pre-tokenizer (its Split regex, then ByteLevel without GPT-2's regex).
+
 Venv (pinned versions in requirements.txt beside this file):
 
     python3 -m venv /var/tmp/agl-llm-venv
@@ -115,19 +120,35 @@ def load_tokenizer(gguf_path: str, via_autotokenizer: bool):
     return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
 
 
-def reference_backend(tok):
-    """A copy of the backend tokenizer with SmolLM2's published `tokenizer.json` pre-tokenizer."""
+# Qwen2's published `tokenizer.json` pre-tokenizer split pattern (Qwen/Qwen2.5-Coder-1.5B-Instruct).
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def reference_backend(tok, family: str):
+    """A copy of the backend tokenizer with the model's published `tokenizer.json` pre-tokenizer:
+    SmolLM2's (Digits + ByteLevel with GPT-2's regex) or Qwen2's (its Split regex + ByteLevel)."""
     import copy
 
-    from tokenizers import pre_tokenizers
+    from tokenizers import Regex, pre_tokenizers
 
     backend = copy.deepcopy(tok.backend_tokenizer)
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-        ]
-    )
+    if family == "qwen2":
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            ]
+        )
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+            ]
+        )
     return backend
 
 
@@ -147,7 +168,13 @@ def chat_ids(tok, messages):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct GGUF file")
+    ap.add_argument("--gguf", required=True, help="the model's GGUF file")
+    ap.add_argument(
+        "--reference",
+        choices=["smollm2", "qwen2"],
+        default="smollm2",
+        help="whose published tokenizer.json pre-tokenizer the probes' ref_ids follow",
+    )
     ap.add_argument("--out", required=True, help="JSONL fixture to write")
     ap.add_argument("--spider", default=str(ROOT / "data/spider/dev.json"))
     ap.add_argument("--tables", default=str(ROOT / "data/spider/tables.json"))
@@ -157,7 +184,7 @@ def main() -> int:
     import transformers
 
     tok = load_tokenizer(args.gguf, args.autotokenizer)
-    ref = reference_backend(tok)
+    ref = reference_backend(tok, args.reference)
     questions = json.load(open(args.spider, encoding="utf-8"))
     tables = {
         db["db_id"]: ", ".join(db["table_names_original"])
