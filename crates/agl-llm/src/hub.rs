@@ -418,8 +418,8 @@ impl Assembly {
     pub fn finish(self, model: &KnownModel, dest: &Path) -> Result<()> {
         if self.bytes != model.size_bytes {
             return Err(LlmError::Pull(format!(
-                "size mismatch for {}: expected {} bytes, got {}; nothing was kept",
-                model.file_name, model.size_bytes, self.bytes
+                "size mismatch for {}: expected {} bytes (sha256 {}), got {}; nothing was kept",
+                model.file_name, model.size_bytes, model.sha256, self.bytes
             )));
         }
         let actual = hex::encode(self.hasher.finalize());
