@@ -915,6 +915,30 @@ impl LlamaModel {
     }
 }
 
+/// A custom op's CPU input as a tensor: a copy of its contiguous f32 data (copies are
+/// `O(elements)`, against the ops' products).
+fn cpu_tensor(
+    storage: &candle_core::CpuStorage,
+    layout: &candle_core::Layout,
+) -> candle_core::Result<Tensor> {
+    let candle_core::CpuStorage::F32(data) = storage else {
+        candle_core::bail!("agl's custom ops take f32 tensors");
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("agl's custom ops take contiguous tensors");
+    };
+    Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)
+}
+
+/// A tensor as a custom op's CPU output: its f32 data and shape.
+fn cpu_storage(t: &Tensor) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+    let shape = t.shape().clone();
+    Ok((
+        candle_core::CpuStorage::F32(t.flatten_all()?.to_vec1::<f32>()?),
+        shape,
+    ))
+}
+
 /// A differentiable past for [`LlamaModel::forward_hidden_past`].
 #[derive(Default)]
 struct Past<'a> {

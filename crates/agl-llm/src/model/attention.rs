@@ -15,7 +15,7 @@
 
 use candle_core::{CpuStorage, CustomOp3, D, Device, Layout, Shape, Tensor};
 
-use super::{Ops, attend, causal_mask};
+use super::{Ops, attend, causal_mask, cpu_storage, cpu_tensor};
 use crate::error::Result;
 
 /// Queries per block.
@@ -48,17 +48,6 @@ pub(super) fn causal_attention(
 struct BlockedAttention {
     offset: usize,
     groups: usize,
-}
-
-/// A CPU storage and layout as a tensor (a copy of the contiguous f32 data).
-fn tensor_of(storage: &CpuStorage, layout: &Layout) -> candle_core::Result<Tensor> {
-    let CpuStorage::F32(data) = storage else {
-        candle_core::bail!("blocked attention: inputs must be f32");
-    };
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("blocked attention: inputs must be contiguous");
-    };
-    Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)
 }
 
 impl BlockedAttention {
@@ -124,10 +113,12 @@ impl CustomOp3 for BlockedAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (tensor_of(s1, l1)?, tensor_of(s2, l2)?, tensor_of(s3, l3)?);
-        let out = self.forward(&q, &k, &v)?;
-        let shape = out.shape().clone();
-        Ok((CpuStorage::F32(out.flatten_all()?.to_vec1::<f32>()?), shape))
+        let (q, k, v) = (
+            cpu_tensor(s1, l1)?,
+            cpu_tensor(s2, l2)?,
+            cpu_tensor(s3, l3)?,
+        );
+        cpu_storage(&self.forward(&q, &k, &v)?)
     }
 
     fn bwd(

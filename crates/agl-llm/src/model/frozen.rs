@@ -12,6 +12,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 
+use super::{cpu_storage, cpu_tensor};
 use crate::error::Result;
 
 /// Up to this many rows, `(W xᵀ)ᵀ` is computed instead of `x Wᵀ`: with candle's gemm it is
@@ -52,17 +53,7 @@ impl CustomOp1 for FrozenMatmul {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("frozen matmul: the input must be f32");
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("frozen matmul: the input must be contiguous");
-        };
-        // The copies in and out are O(n·(in + out)), against the product's O(n·in·out).
-        let x = Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)?;
-        let y = dense_matmul(&x, &self.w)?;
-        let shape = y.shape().clone();
-        Ok((CpuStorage::F32(y.flatten_all()?.to_vec1::<f32>()?), shape))
+        cpu_storage(&dense_matmul(&cpu_tensor(storage, layout)?, &self.w)?)
     }
 
     fn bwd(
