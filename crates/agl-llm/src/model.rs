@@ -611,16 +611,8 @@ impl LlamaModel {
         suffixes: &Tensor,
         adapter: Option<&LoraAdapter>,
     ) -> Result<Tensor> {
-        let (one, p) = prefix.dims2()?;
-        let (g, s) = suffixes.dims2()?;
-        if one != 1 || p == 0 || g == 0 || s == 0 {
-            return Err(LlmError::invalid(
-                "prefix",
-                format!(
-                    "need a [1, P > 0] prefix and [g > 0, S > 0] suffixes, got [{one}, {p}] and [{g}, {s}]"
-                ),
-            ));
-        }
+        let (p, g, s) =
+            checkpoint::check_prefixed(prefix, suffixes, self.cfg.max_position_embeddings)?;
         let h = self.cfg.hidden_size;
         let vocab = self.cfg.vocab_size;
         let mut kv = Vec::with_capacity(self.blocks.len());

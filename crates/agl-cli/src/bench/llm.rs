@@ -150,6 +150,32 @@ fn run_request(
     })
 }
 
+/// Every `step`-th Spider dev question (the first `count`) with its database's schema, from
+/// `data` (default: the vendored data/spider). Shared by the LLM benchmarks.
+pub(crate) fn dev_questions(
+    data: Option<PathBuf>,
+    step: usize,
+    count: usize,
+) -> anyhow::Result<Vec<(String, agl_spider::DbInfo)>> {
+    let data = crate::args::data::data_dir(data);
+    let dataset = agl_spider::SpiderDataset::load(&data)
+        .with_context(|| format!("loading {}", data.display()))?;
+    let mut out = Vec::new();
+    for q in dataset.dev.iter().step_by(step).take(count) {
+        let db = data
+            .join("database")
+            .join(&q.db_id)
+            .join(format!("{}.sqlite", q.db_id));
+        out.push((q.question.clone(), agl_spider::db_info(&q.db_id, &db)?));
+    }
+    anyhow::ensure!(
+        out.len() == count,
+        "need {count} dev questions, found {}",
+        out.len()
+    );
+    Ok(out)
+}
+
 /// Spider dev questions with their database's schema, rendered by the model's chat template.
 fn spider_prompts(
     args: &LlmBenchArgs,
@@ -160,16 +186,8 @@ fn spider_prompts(
         .chat_template
         .as_ref()
         .context("the model has no chat template")?;
-    let data = crate::args::data::data_dir(args.data.clone());
-    let dataset = agl_spider::SpiderDataset::load(&data)
-        .with_context(|| format!("loading {}", data.display()))?;
     let mut prompts = Vec::new();
-    for q in dataset.dev.iter().step_by(29).take(count) {
-        let db = data
-            .join("database")
-            .join(&q.db_id)
-            .join(format!("{}.sqlite", q.db_id));
-        let info = agl_spider::db_info(&q.db_id, &db)?;
+    for (question, info) in dev_questions(args.data.clone(), 29, count)? {
         let schema: Vec<String> = info
             .tables
             .iter()
@@ -177,16 +195,11 @@ fn spider_prompts(
             .collect();
         let messages = [
             serde_json::json!({"role": "system", "content": "You write SQLite queries. Answer with one SQL statement and nothing else."}),
-            serde_json::json!({"role": "user", "content": format!("Schema: {}\nQuestion: {}", schema.join("; "), q.question)}),
+            serde_json::json!({"role": "user", "content": format!("Schema: {}\nQuestion: {}", schema.join("; "), question)}),
         ];
         let text = template.render(&messages, None, true)?;
         prompts.push(loaded.tokenizer.encode(&text, false)?);
     }
-    anyhow::ensure!(
-        prompts.len() == count,
-        "need {count} dev questions, found {}",
-        prompts.len()
-    );
     Ok(prompts)
 }
 

@@ -100,26 +100,17 @@ fn prompts(
         .chat_template
         .as_ref()
         .context("the model has no chat template")?;
-    let data = crate::args::data::data_dir(data);
-    let dataset = agl_spider::SpiderDataset::load(&data)
-        .with_context(|| format!("loading {}", data.display()))?;
     let mut out = Vec::new();
-    for q in dataset.dev.iter().step_by(19).take(count) {
-        let db = data
-            .join("database")
-            .join(&q.db_id)
-            .join(format!("{}.sqlite", q.db_id));
-        let info = agl_spider::db_info(&q.db_id, &db)?;
+    for (question, info) in crate::bench::llm::dev_questions(data, 19, count)? {
         let schema = agl_spider::prompts::render_schema(&info);
         let messages: Vec<serde_json::Value> =
-            agl_spider::prompts::write_messages(&schema, &q.question)
+            agl_spider::prompts::write_messages(&schema, &question)
                 .iter()
                 .map(serde_json::to_value)
                 .collect::<Result<_, _>>()?;
         let text = template.render(&messages, None, true)?;
         out.push(loaded.tokenizer.encode(&text, false)?);
     }
-    anyhow::ensure!(out.len() == count, "need {count} dev questions");
     Ok(out)
 }
 

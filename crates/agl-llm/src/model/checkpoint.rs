@@ -360,7 +360,11 @@ fn collect_lora(
 
 /// Checks `prefix: [1, P > 0]`, `suffixes: [g > 0, S > 0]` and the context; returns `(P, g,
 /// S)`.
-fn check_prefixed(prefix: &Tensor, suffixes: &Tensor, max: usize) -> Result<(usize, usize, usize)> {
+pub(super) fn check_prefixed(
+    prefix: &Tensor,
+    suffixes: &Tensor,
+    max: usize,
+) -> Result<(usize, usize, usize)> {
     let (one, p) = prefix.dims2()?;
     let (g, s) = suffixes.dims2()?;
     if one != 1 || p == 0 || g == 0 || s == 0 {
