@@ -61,6 +61,25 @@ fn unknown_model_and_missing_pip_are_one_line_and_leave_nothing() {
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["name"], "smollm2-135m-instruct");
     assert_eq!(list[0]["present"], false);
+    assert_eq!(list[1]["name"], "qwen2.5-coder-1.5b-instruct");
+    // The table's columns line up, however long a name or a source is.
+    let out = agl()
+        .args(["model", "list"])
+        .env("AGL_HOME", home.path())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    for column in ["present", "licence", "source", "path"] {
+        let at = lines[0].find(column).unwrap();
+        assert!(
+            lines[1..]
+                .iter()
+                .all(|l| l.as_bytes()[at - 1] == b' ' && l.as_bytes()[at] != b' '),
+            "column {column} at {at}:\n{table}"
+        );
+    }
 
     let out = agl()
         .args(["llm", "serve", "--model", "smollm2-135m-instruct"])
