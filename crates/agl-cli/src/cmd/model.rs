@@ -65,8 +65,21 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&models)?);
                 return Ok(ExitCode::SUCCESS);
             }
+            // Columns as wide as their longest entry (a split model's source is long).
+            let name_w = models
+                .iter()
+                .map(|m| m.name.len())
+                .max()
+                .unwrap_or(0)
+                .max(4);
+            let source_w = models
+                .iter()
+                .map(|m| m.source.as_deref().map_or(1, str::len))
+                .max()
+                .unwrap_or(0)
+                .max(6);
             println!(
-                "{:<24} {:<8} {:>10}  {:<11} {:<26} path",
+                "{:<name_w$} {:<8} {:>10}  {:<11} {:<source_w$} path",
                 "name", "present", "MiB", "licence", "source"
             );
             for m in models {
@@ -75,7 +88,7 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
                     .map(|b| format!("{:.1}", b as f64 / 1048576.0))
                     .unwrap_or_else(|| "-".into());
                 println!(
-                    "{:<24} {:<8} {:>10}  {:<11} {:<26} {}",
+                    "{:<name_w$} {:<8} {:>10}  {:<11} {:<source_w$} {}",
                     m.name,
                     if m.present { "yes" } else { "no" },
                     mib,
