@@ -49,6 +49,11 @@ use crate::sampling::{SamplingParams, sample, sample_masked};
 use crate::structured::{Constraint, ConstraintState, GrammarCompiler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
+mod prefix_cache;
+
+pub use prefix_cache::DEFAULT_PREFIX_CACHE_TOKENS;
+use prefix_cache::PrefixCache;
+
 /// Why a completion ended, as OpenAI names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -287,6 +292,10 @@ pub struct EngineConfig {
     pub model_name: String,
     /// Most rows decoded in one step; requests beyond wait in a queue.
     pub max_batch_rows: usize,
+    /// Budget of the prefix cache, in prompt positions over all kept prompts (0: off). A
+    /// request reuses the keys and values of the longest prefix it shares with a recently
+    /// prefilled prompt under the same adapter, and prefills only the rest.
+    pub prefix_cache_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -294,6 +303,7 @@ impl Default for EngineConfig {
         Self {
             model_name: "default".into(),
             max_batch_rows: 64,
+            prefix_cache_tokens: DEFAULT_PREFIX_CACHE_TOKENS,
         }
     }
 }
@@ -301,8 +311,11 @@ impl Default for EngineConfig {
 /// Live counters of the engine, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct EngineStats {
-    /// Prompt tokens prefilled.
+    /// Prompt tokens of the requests admitted (prefilled, or served by the prefix cache).
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens whose keys and values came from the prefix cache instead of a prefill
+    /// (vLLM's `prefix_cache_hits`).
+    pub prefix_cache_hit_tokens: AtomicU64,
     /// Tokens generated.
     pub generation_tokens: AtomicU64,
     /// Requests finished.
@@ -653,6 +666,7 @@ impl Group {
 struct Worker {
     shared: Arc<Shared>,
     eos: Vec<u32>,
+    prefix: PrefixCache,
 }
 
 enum RowOutcome {
@@ -663,10 +677,15 @@ enum RowOutcome {
 impl Worker {
     fn new(shared: Arc<Shared>) -> Self {
         let eos = shared.tokenizer.eos_token_ids().to_vec();
-        Self { shared, eos }
+        let prefix = PrefixCache::new(shared.config.prefix_cache_tokens);
+        Self {
+            shared,
+            eos,
+            prefix,
+        }
     }
 
-    fn run(self, rx: mpsc::Receiver<Job>) {
+    fn run(mut self, rx: mpsc::Receiver<Job>) {
         let mut queue: VecDeque<Job> = VecDeque::new();
         let mut groups: Vec<Group> = Vec::new();
         let mut open = true;
@@ -733,7 +752,7 @@ impl Worker {
     /// Prefills a job and samples each row's first token. `Ok(None)` when every row finished
     /// at once (or the client left).
     fn admit(
-        &self,
+        &mut self,
         job: Job,
     ) -> std::result::Result<Option<Group>, (tmpsc::UnboundedSender<Event>, LlmError)> {
         let model = &self.shared.model;
@@ -741,13 +760,23 @@ impl Worker {
         // Room for 256 new tokens now; the cache grows towards prompt + max_tokens on demand.
         let limit = job.prompt.len() + job.max_tokens;
         let initial = job.prompt.len() + job.max_tokens.min(256);
-        let adapter = job.adapter.as_ref().map(|(_, a)| a.as_ref());
-        let prefilled = (|| -> Result<(KvCache, Vec<f32>)> {
+        let adapter_arc = job.adapter.as_ref().map(|(_, a)| a);
+        let adapter = adapter_arc.map(|a| a.as_ref());
+        let prefix = &mut self.prefix;
+        let prefilled = (|| -> Result<(KvCache, Vec<f32>, usize)> {
             let mut cache = KvCache::with_limit(model.config(), 1, initial, limit, model.device())?;
-            let logits = model.prefill(&job.prompt, &mut cache, adapter)?;
-            Ok((cache, logits.to_vec1::<f32>()?))
+            let reused = match prefix.lookup(adapter_arc, &job.prompt) {
+                Some((len, cached)) => {
+                    cache.fill_prefix(cached, len)?;
+                    len
+                }
+                None => 0,
+            };
+            let logits = model.prefill(&job.prompt[reused..], &mut cache, adapter)?;
+            prefix.insert(adapter_arc, &job.prompt, &cache)?;
+            Ok((cache, logits.to_vec1::<f32>()?, reused))
         })();
-        let (cache, logits) = match prefilled {
+        let (cache, logits, reused) = match prefilled {
             Ok(x) => x,
             Err(e) => return Err((job.events, e)),
         };
@@ -755,6 +784,9 @@ impl Worker {
         stats
             .prompt_tokens
             .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+        stats
+            .prefix_cache_hit_tokens
+            .fetch_add(reused as u64, Ordering::Relaxed);
         stats
             .prefill_micros
             .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);

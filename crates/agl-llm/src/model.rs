@@ -266,6 +266,59 @@ impl KvCache {
         })
     }
 
+    /// A compact copy of row 0's filled positions (capacity = positions filled): what the
+    /// engine's prefix cache keeps of a prefilled prompt.
+    pub fn snapshot(&self) -> Result<Self> {
+        let len = self.len.max(1);
+        let keep = |t: &Tensor| -> Result<Tensor> {
+            Ok(t.narrow(0, 0, 1)?.narrow(2, 0, len)?.contiguous()?)
+        };
+        Ok(Self {
+            k: self.k.iter().map(keep).collect::<Result<_>>()?,
+            v: self.v.iter().map(keep).collect::<Result<_>>()?,
+            len: self.len,
+            capacity: len,
+            limit: len,
+            rows: 1,
+        })
+    }
+
+    /// Fills this empty single-row cache's first `len` positions from row 0 of `src` (a cache
+    /// of the same model whose first `len` positions hold the same tokens): the prompt's
+    /// prefill then continues from position `len`.
+    ///
+    /// # Errors
+    /// [`LlmError::InvalidRequest`] when this cache is not empty or not single-row, `src`
+    /// holds fewer than `len` positions or another number of layers, or `len` is past this
+    /// cache's limit.
+    pub fn fill_prefix(&mut self, src: &KvCache, len: usize) -> Result<()> {
+        if self.len != 0 || self.rows != 1 || len > src.len || src.k.len() != self.k.len() {
+            return Err(LlmError::invalid(
+                "prompt",
+                "a cached prefix fills only an empty single-row cache of the same model",
+            ));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.reserve(len)?;
+        for (dst, from) in self.k.iter().zip(&src.k).chain(self.v.iter().zip(&src.v)) {
+            dst.slice_set(
+                &from.narrow(0, 0, 1)?.narrow(2, 0, len)?.contiguous()?,
+                2,
+                0,
+            )?;
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Marks `len` positions filled without running the model (tests of what holds caches).
+    #[cfg(test)]
+    pub(crate) fn set_len_for_test(&mut self, len: usize) {
+        self.len = len.min(self.capacity);
+    }
+
     /// Keeps only `keep` (row indices, ascending), dropping finished rows of a group.
     pub fn select(&mut self, keep: &[usize]) -> Result<()> {
         if keep.len() == self.rows {
@@ -653,8 +706,9 @@ impl LlamaModel {
         Ok(Tensor::cat(&[&first, &rest], 1)?)
     }
 
-    /// Prefills `tokens` (one prompt) into the empty single-row `cache` and returns the
-    /// logits of the last position, `[vocab]`.
+    /// Prefills `tokens` (one prompt, or the rest of one after the positions `cache` already
+    /// holds) into the single-row `cache` and returns the logits of the last position,
+    /// `[vocab]`.
     pub fn prefill(
         &self,
         tokens: &[u32],

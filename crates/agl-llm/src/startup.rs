@@ -129,6 +129,7 @@ pub fn start_engine(
         EngineConfig {
             model_name: name.clone(),
             max_batch_rows: spec.max_batch_rows,
+            ..EngineConfig::default()
         },
     )
     .map_err(during("starting the engine"))?;

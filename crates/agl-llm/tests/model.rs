@@ -981,3 +981,73 @@ impl Agreement {
         )
     }
 }
+
+#[test]
+fn a_prefix_served_from_the_cache_decodes_like_a_full_prefill() {
+    let Some(lm) = common::loaded() else { return };
+    use std::sync::atomic::Ordering;
+    let off = Engine::start(
+        lm.clone(),
+        EngineConfig {
+            prefix_cache_tokens: 0,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let on = Engine::start(lm.clone(), EngineConfig::default()).unwrap();
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(16),
+        logprobs: Some(0),
+        ..Default::default()
+    };
+    let run = |e: &Engine, prompt: &[u32]| {
+        e.generate_blocking(GenerateRequest {
+            model: None,
+            prompt: prompt.to_vec(),
+            params: greedy.clone(),
+        })
+        .unwrap()
+        .completions
+        .remove(0)
+    };
+    // The second question shares the system turn with the first; the same prompt again
+    // shares all of it; a second turn extends the first prompt with its answer.
+    let first = common::chat_prompt(lm, QUESTIONS[0]);
+    let answer = run(&off, &first).token_ids;
+    let mut second_turn = first.clone();
+    second_turn.extend(&answer);
+    second_turn.extend(common::chat_prompt(lm, QUESTIONS[2]).iter().skip(1));
+    let prompts = [
+        first.clone(),
+        common::chat_prompt(lm, QUESTIONS[1]),
+        first.clone(),
+        second_turn,
+    ];
+    let mut worst = 0f32;
+    for p in &prompts {
+        let (a, b) = (run(&off, p), run(&on, p));
+        assert_eq!(a.token_ids, b.token_ids);
+        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+            worst = worst.max((x.logprob - y.logprob).abs());
+        }
+    }
+    let hits = on.stats().prefix_cache_hit_tokens.load(Ordering::Relaxed);
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    eprintln!(
+        "prefix cache: {hits} of {prompt_tokens} prompt tokens reused; largest log-probability difference {worst:e}"
+    );
+    // The repeated prompt reuses all but its last token, the second turn all of the first
+    // prompt, and the second question at least the system turn.
+    assert!(
+        hits as usize >= (first.len() - 1) + first.len() + 10,
+        "{hits}"
+    );
+    assert_eq!(
+        off.stats().prefix_cache_hit_tokens.load(Ordering::Relaxed),
+        0
+    );
+    assert!(worst < 1e-4, "log-probabilities differ by {worst}");
+    off.shutdown();
+    on.shutdown();
+}

@@ -40,6 +40,7 @@ fn engine() -> Option<Engine> {
             let config = EngineConfig {
                 model_name: MODEL.into(),
                 max_batch_rows: 16,
+                ..EngineConfig::default()
             };
             Some(Engine::start(loaded, config).expect("start the engine"))
         })

@@ -334,6 +334,7 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
             EngineConfig {
                 model_name: args.model.to_string(),
                 max_batch_rows: 64,
+                ..EngineConfig::default()
             },
         )?;
         let result = measure(&engine, name, &prompts, args);

@@ -23,6 +23,7 @@ pub fn engine() -> Option<Engine> {
             let config = EngineConfig {
                 model_name: MODEL.into(),
                 max_batch_rows: 64,
+                ..EngineConfig::default()
             };
             Some(Engine::start(loaded, config).expect("start the engine"))
         })
