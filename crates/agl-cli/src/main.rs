@@ -15,6 +15,7 @@ mod kernel;
 mod llm_stage;
 mod out;
 mod remote;
+mod stats;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,9 @@ enum Command {
     /// Evaluate an agent (the SQL-writing LLM, or the built-in scorer) on a Spider split under
     /// governance: accuracy, violations, turns, tokens.
     Eval(Box<cmd::eval::EvalArgs>),
+    /// Compare two `agl eval --rows` reports on the same questions: paired differences of
+    /// accuracy and violation rate with 95% intervals and McNemar's exact test.
+    Compare(cmd::compare::CompareArgs),
     /// Measure governance check latency on the Spider dev gold queries.
     Bench {
         #[command(subcommand)]
@@ -175,6 +179,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => cmd::train::run(*args),
         Command::Eval(args) => cmd::eval::run(*args),
+        Command::Compare(args) => cmd::compare::run(args),
         Command::Bench { command } => cmd::bench::run(command),
         Command::Store(args) => cmd::store::run(args),
         Command::Runner(args) => cmd::runner::run(args),

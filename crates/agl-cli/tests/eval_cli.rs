@@ -169,6 +169,107 @@ fn every_kth_question_is_a_fixed_subset() {
     assert_eq!(idx[0], 0);
 }
 
+/// `agl eval --rows` of the scorer seeded with `seed` on every `every`-th dev question.
+fn scorer_report(dir: &Path, seed: &str, every: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("eval-{seed}-{every}.json"));
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "scorer",
+        "--seed",
+        seed,
+        "--every",
+        every,
+        "--rows",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    path
+}
+
+#[test]
+fn compare_pairs_two_reports_question_by_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        scorer_report(dir.path(), "0", "10"),
+        scorer_report(dir.path(), "1", "10"),
+    );
+    let o = agl(&[
+        "compare",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    // Recount from the rows: the comparison pairs question i of one with question i of the
+    // other.
+    let rows = |p: &Path| report(p)["questions"].as_array().unwrap().clone();
+    let (ra, rb) = (rows(&a), rows(&b));
+    assert_eq!(c["questions"], ra.len());
+    let mut only = (0, 0);
+    for (x, y) in ra.iter().zip(&rb) {
+        assert_eq!(x["index"], y["index"]);
+        match (x["correct"] == true, y["correct"] == true) {
+            (true, false) => only.0 += 1,
+            (false, true) => only.1 += 1,
+            _ => {}
+        }
+    }
+    let acc = &c["accuracy"];
+    assert_eq!(
+        (acc["only_before"].as_u64(), acc["only_after"].as_u64()),
+        (Some(only.0), Some(only.1))
+    );
+    let n = ra.len() as f64;
+    let diff = acc["difference"].as_f64().unwrap();
+    assert!(
+        (diff - (only.1 as f64 - only.0 as f64) / n).abs() < 1e-12,
+        "{c}"
+    );
+    assert!(
+        acc["low"].as_f64().unwrap() <= diff && diff <= acc["high"].as_f64().unwrap(),
+        "{c}"
+    );
+    let p = acc["mcnemar_p"].as_f64().unwrap();
+    assert!(p > 0.0 && p <= 1.0, "{c}");
+    assert_eq!(report(&a)["dev"]["accuracy"], acc["before"]);
+    assert_eq!(report(&b)["dev"]["accuracy"], acc["after"]);
+    // The table says the same.
+    let o = agl(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains(&format!("{} questions of the dev split, paired", ra.len())),
+        "{table}"
+    );
+    assert!(table.contains(&format!("{:+.3}", diff)), "{table}");
+
+    // Different questions, no rows, not a report: one line each, exit 1.
+    let other = scorer_report(dir.path(), "0", "20");
+    let o = agl(&["compare", a.to_str().unwrap(), other.to_str().unwrap()]);
+    assert_one_line_error(&o, 1, "not of the same questions");
+    let bare = dir.path().join("bare.json");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "scorer",
+        "--limit",
+        "5",
+        "--report",
+        bare.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = agl(&["compare", bare.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_one_line_error(&o, 1, "run `agl eval` with --rows");
+    let junk = dir.path().join("junk.json");
+    std::fs::write(&junk, b"{\"agent\": 3").unwrap();
+    let o = agl(&["compare", junk.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_one_line_error(&o, 1, "not an `agl eval` report");
+    let o = agl(&["compare", "/no/such.json", b.to_str().unwrap()]);
+    assert_one_line_error(&o, 1, "reading /no/such.json");
+}
+
 /// The built-in model, pulled when missing; `None` (with the reason) when it cannot be had.
 fn model() -> Option<std::path::PathBuf> {
     match agl_llm::hub::ensure(agl_llm::hub::DEFAULT_MODEL, &agl_llm::hub::agl_home()) {

@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod compare;
 pub mod eval;
 pub mod llm;
 pub mod model;
