@@ -15,7 +15,6 @@ mod kernel;
 mod llm_stage;
 mod out;
 mod remote;
-mod stats;
 
 use std::process::ExitCode;
 

@@ -97,6 +97,15 @@ fn a_short_run_leaves_an_adapter_that_eval_serve_and_resume_use() {
     assert_eq!(run["curve"].as_array().unwrap().len(), 1);
     assert_eq!(run["train"]["rollouts"], 2);
     assert_eq!(run["dev"]["questions"], 1);
+    // The dev question before and after, paired: the change is after − before.
+    let paired = &run["dev_paired"]["accuracy"];
+    assert_eq!(paired["n"], 1, "{run}");
+    let (b, a) = (
+        r["untrained"]["dev"]["accuracy"].as_f64().unwrap(),
+        run["dev"]["accuracy"].as_f64().unwrap(),
+    );
+    assert_eq!(paired["difference"].as_f64().unwrap(), a - b, "{paired}");
+    assert_eq!(run["dev_paired"]["violation_rate"]["n"], 1);
     let point = &run["curve"][0];
     assert_eq!(
         point["update"]["samples"], 2,

@@ -57,8 +57,8 @@ pub use executor::{
 };
 pub use linking::{schema_items, schema_linking, schema_names};
 pub use llm_train::{
-    Curriculum, LlmCurvePoint, LlmDataReport, LlmReport, LlmReportConfig, LlmRun, LlmUntrained,
-    SqlStep, dev_questions, is_easy, train_questions,
+    Curriculum, DevPaired, LlmCurvePoint, LlmDataReport, LlmReport, LlmReportConfig, LlmRun,
+    LlmUntrained, SqlStep, dev_questions, is_easy, train_questions,
 };
 pub use schema::{DbInfo, TableInfo, db_info};
 pub use scorer::{

@@ -229,6 +229,46 @@ impl SqlStep {
     }
 }
 
+/// The dev set after training against before, paired question by question
+/// ([`agl_train::paired`]).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DevPaired {
+    /// Execution accuracy.
+    pub accuracy: agl_train::Paired,
+    /// Share of questions with a violation.
+    pub violation_rate: agl_train::Paired,
+}
+
+impl DevPaired {
+    /// Pairs `before` and `after` by question index; `None` unless both hold the same
+    /// questions once each.
+    pub fn of(before: &[SqlEvalRow], after: &[SqlEvalRow], seed: u64) -> Option<Self> {
+        let by_index = |rows: &[SqlEvalRow]| -> Option<BTreeMap<usize, (bool, bool)>> {
+            let mut m = BTreeMap::new();
+            for r in rows {
+                let violated = !r.sql_violations.is_empty() || !r.llm_violations.is_empty();
+                if m.insert(r.index, (r.correct, violated)).is_some() {
+                    return None;
+                }
+            }
+            Some(m)
+        };
+        let (b, a) = (by_index(before)?, by_index(after)?);
+        if b.is_empty() || !b.keys().eq(a.keys()) {
+            return None;
+        }
+        let column = |f: fn(&(bool, bool)) -> bool| -> (Vec<bool>, Vec<bool>) {
+            (b.values().map(f).collect(), a.values().map(f).collect())
+        };
+        let (acc_b, acc_a) = column(|x| x.0);
+        let (vio_b, vio_a) = column(|x| x.1);
+        Some(Self {
+            accuracy: agl_train::paired(&acc_b, &acc_a, seed),
+            violation_rate: agl_train::paired(&vio_b, &vio_a, seed),
+        })
+    }
+}
+
 /// One training run (one governance mode). JSON fields as named.
 #[derive(Debug, Clone, Serialize)]
 pub struct LlmRun {
@@ -238,6 +278,9 @@ pub struct LlmRun {
     pub dev: EvalStats,
     /// Dev details after training.
     pub dev_llm: SqlEvalSummary,
+    /// Dev after training against the untrained agent, question by question (`None` when the
+    /// two evaluations did not answer the same questions, e.g. a rollout failed).
+    pub dev_paired: Option<DevPaired>,
     /// Per-step curve.
     pub curve: Vec<LlmCurvePoint>,
     /// The final adapter directory.

@@ -66,6 +66,9 @@
 //! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
 //! and reports them in a [`TripletReport`].
 //!
+//! [`paired`] compares two evaluations of the same questions (a 95% paired bootstrap interval
+//! of the difference, McNemar's exact test).
+//!
 //! One severity→penalty table ([`SEVERITY_PENALTIES`]) serves violations, rewards and the
 //! environment. Each module's docs list where and why agl deliberately differs from the Python
 //! original; `python_compat` switches reproduce the Python numbers.
@@ -84,6 +87,7 @@ pub mod learner;
 pub mod llm_grpo;
 pub mod llm_loop;
 pub mod llm_sft;
+pub mod paired;
 pub mod reward;
 pub mod rollout_batch;
 pub mod runner;
@@ -119,6 +123,7 @@ pub use llm_loop::{
     TRAINER_STATE, TrainerState, policy_version, save_checkpoint,
 };
 pub use llm_sft::{DEFAULT_TOP_FRACTION, LlmSft, LlmSftConfig, select_top_fraction};
+pub use paired::{Paired, paired};
 pub use reward::{
     BaseRewardFn, CompositeReward, PolicyReward, RewardBreakdown, RewardComponent, RewardConfig,
     RewardStats, create_policy_reward, policy_penalty,

@@ -1,6 +1,6 @@
 //! `agl compare BEFORE.json AFTER.json`: two `agl eval --rows` reports on the same questions,
 //! compared question by question: accuracy and violation rate before and after, their paired
-//! difference with a 95% bootstrap interval, and McNemar's exact test ([`crate::stats`]).
+//! difference with a 95% bootstrap interval, and McNemar's exact test ([`agl_train::paired`]).
 //!
 //! The reports must be of the same agent, split and questions (the rows' `index`, the
 //! question's position in its split file): a paired comparison of different questions means
@@ -17,7 +17,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::out::table::Columns;
-use crate::stats::{Paired, paired};
+use agl_train::{Paired, paired};
 
 /// Arguments of `agl compare`.
 #[derive(Debug, Args)]
@@ -207,7 +207,7 @@ fn compare(args: &CompareArgs) -> anyhow::Result<Comparison> {
         before: side(&args.before, &before),
         after: side(&args.after, &after),
         questions: pairs.len(),
-        resamples: crate::stats::RESAMPLES,
+        resamples: agl_train::paired::RESAMPLES,
         seed: args.seed,
         accuracy: paired(&acc_b, &acc_a, args.seed),
         violation_rate: paired(&vio_b, &vio_a, args.seed),

@@ -46,13 +46,13 @@ use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
 use agl_llm::{LoraAdapter, LoraConfig, Target};
 use agl_spider::sql_agent::ROLES;
 use agl_spider::{
-    Curriculum, CurvePoint, ExecutorConfig, LlmCurvePoint, LlmDataReport, LlmReport,
+    Curriculum, CurvePoint, DevPaired, ExecutorConfig, LlmCurvePoint, LlmDataReport, LlmReport,
     LlmReportConfig, LlmRun, LlmSqlAgent, LlmUntrained, Question, RunReport, SpiderDataset,
     SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlStep, SqlTaskReward, TrainStats,
     sql_agent_reward,
 };
 use agl_train::{
-    BatchPlan, LlmGrpo, LlmGrpoConfig, LlmLoop, LlmLoopConfig, LoopObserver, PolicyServing,
+    BatchPlan, LlmGrpo, LlmGrpoConfig, LlmLoop, LlmLoopConfig, LoopObserver, Paired, PolicyServing,
     RewardConfig, StepOutcome, TRAINER_STATE, TracerTraceToTriplet, TrainerState, TrainingMode,
 };
 use anyhow::{Context, bail};
@@ -598,7 +598,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 let (rows, seconds) = stage.run(&plan, dev, &bar, |_| {}).await?;
                 bar.finish_and_clear();
                 let rows: Vec<SqlEvalRow> = rows.into_iter().map(|(_, row)| row).collect();
-                Ok::<_, anyhow::Error>(SqlEvalSummary::from_rows(&rows, seconds))
+                Ok::<_, anyhow::Error>((SqlEvalSummary::from_rows(&rows, seconds), rows))
             }
         };
         let before_model = match &resume {
@@ -618,7 +618,8 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             },
             dev.len()
         );
-        let before = evaluate(before_model, "agl-train-llm-eval-before".into()).await?;
+        let (before, before_rows) =
+            evaluate(before_model, "agl-train-llm-eval-before".into()).await?;
         eprintln!(
             "before training: dev accuracy {:.3}, violation rate {:.3} ({} questions, {:.0} s)",
             before.accuracy, before.violation_rate, before.questions, before.seconds
@@ -680,8 +681,9 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
             progress.bar.finish_and_clear();
             stage.shutdown().await?;
             eprintln!("[{}] evaluating the trained adapter on dev", mode.as_str());
-            let after =
+            let (after, after_rows) =
                 evaluate(served.clone(), format!("agl-train-llm-eval-after-{mode}")).await?;
+            let dev_paired = DevPaired::of(&before_rows, &after_rows, shared.seed);
             if served != base_name {
                 serving.retire(&served);
             }
@@ -710,6 +712,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                     train: train_stats,
                     dev: after.eval_stats(),
                     dev_llm: after,
+                    dev_paired,
                     curve,
                     adapter: dir.join("final").display().to_string(),
                     peak_rss_bytes: crate::out::rss::peak_rss_bytes(),
@@ -859,8 +862,6 @@ impl LoopObserver for StepPrinter {
 }
 
 fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<TrainingMode, LlmRun>, seconds: f64) {
-    let n = before.questions as f64;
-    let ci = |p: f64| 1.96 * (p * (1.0 - p) / n.max(1.0)).sqrt();
     let cols = crate::out::table::Columns {
         label: 34,
         first: 12,
@@ -884,15 +885,35 @@ fn print_table(before: &SqlEvalSummary, runs: &BTreeMap<TrainingMode, LlmRun>, s
         format!("{:.3}", before.accuracy),
         &|r| format!("{:.3}", r.dev.accuracy),
     );
+    // Against the untrained agent on the same questions: the difference and its paired 95%
+    // bootstrap interval, then McNemar's exact p.
+    let paired = |f: fn(&DevPaired) -> Paired| {
+        move |r: &LlmRun| match r.dev_paired.as_ref().map(f) {
+            Some(p) => format!("{:+.3} [{:+.2},{:+.2}]", p.difference, p.low, p.high),
+            None => "-".into(),
+        }
+    };
+    let mcnemar = |f: fn(&DevPaired) -> Paired| {
+        move |r: &LlmRun| match r.dev_paired.as_ref().map(f) {
+            Some(p) => format!("{:.3}", p.mcnemar_p),
+            None => "-".into(),
+        }
+    };
     row(
-        "  95% interval (normal approx.)",
-        format!("±{:.3}", ci(before.accuracy)),
-        &|r| format!("±{:.3}", ci(r.dev.accuracy)),
+        "  change, paired 95% interval",
+        "-".into(),
+        &paired(|d| d.accuracy),
     );
+    row("  McNemar p", "-".into(), &mcnemar(|d| d.accuracy));
     row(
         "dev violation rate",
         format!("{:.3}", before.violation_rate),
         &|r| format!("{:.3}", r.dev.violation_rate),
+    );
+    row(
+        "  change, paired 95% interval",
+        "-".into(),
+        &paired(|d| d.violation_rate),
     );
     row("dev questions", before.questions.to_string(), &|r| {
         r.dev.questions.to_string()

@@ -7,7 +7,8 @@
 //! suggest (Dietterich 1998, "Approximate statistical tests for comparing supervised
 //! classification learning algorithms"; McNemar 1947).
 //!
-//! Not for reading reports or printing (`cmd::compare`).
+//! Used by `agl compare` (two evaluation reports) and by `agl train --agent llm` (the dev set
+//! before and after training). Not for reading reports or printing.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -16,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 pub const RESAMPLES: usize = 10_000;
 
 /// A yes/no metric of two runs over the same `n` questions.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Paired {
     /// Questions compared.
     pub n: usize,
