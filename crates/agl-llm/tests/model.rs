@@ -425,12 +425,7 @@ fn the_q8_serving_weights_track_the_dense_model() {
     let (Some(path), Some(lm)) = (common::model_path(), common::loaded()) else {
         return;
     };
-    let q8 = agl_llm::load(
-        &agl_llm::ModelFiles::Gguf(path),
-        &Device::Cpu,
-        agl_llm::WeightFormat::Q8,
-    )
-    .unwrap();
+    let q8 = load_q8(path);
     assert!(lm.model.is_dense() && !q8.model.is_dense());
     let mc = lm.model.config();
     let (adapter, _) =
@@ -729,17 +724,22 @@ fn checkpointed_and_plain_backward_give_the_same_gradients() {
     }
 }
 
+/// The model file with q8 serving weights.
+fn load_q8(path: std::path::PathBuf) -> agl_llm::LoadedModel {
+    agl_llm::load(
+        &agl_llm::ModelFiles::Gguf(path),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Q8,
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_lora_adapter_unmerged_on_q8_weights_tracks_the_dense_adapted_model() {
     let (Some(path), Some(lm)) = (common::model_path(), common::loaded()) else {
         return;
     };
-    let q8 = agl_llm::load(
-        &agl_llm::ModelFiles::Gguf(path),
-        &Device::Cpu,
-        agl_llm::WeightFormat::Q8,
-    )
-    .unwrap();
+    let q8 = load_q8(path);
     let mc = lm.model.config();
     let (adapter, vars) =
         LoraAdapter::new_trainable(LoraConfig::default(), mc, &Device::Cpu, 2).unwrap();
@@ -801,12 +801,7 @@ fn greedy_decoding_with_an_adapter_on_q8_weights_agrees_with_the_dense_model() {
     let (Some(path), Some(lm)) = (common::model_path(), common::loaded()) else {
         return;
     };
-    let q8 = agl_llm::load(
-        &agl_llm::ModelFiles::Gguf(path),
-        &Device::Cpu,
-        agl_llm::WeightFormat::Q8,
-    )
-    .unwrap();
+    let q8 = load_q8(path);
     let mc = lm.model.config();
     // A seeded adapter on all seven projections stands in for a trained one (B ≠ 0).
     let cfg = LoraConfig {
