@@ -38,8 +38,8 @@ pub mod structured;
 pub mod tokenizer;
 
 pub use engine::{
-    Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, Generation, StopReason,
-    Stream, TokenLogprob,
+    Completion, DEFAULT_PREFIX_CACHE_TOKENS, Engine, EngineConfig, Event, FinishReason,
+    GenerateRequest, Generation, StopReason, Stream, TokenLogprob,
 };
 pub use error::{LlmError, Result};
 pub use loader::{LoadedModel, ModelFiles, WeightFormat, load};

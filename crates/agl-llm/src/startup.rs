@@ -32,6 +32,9 @@ pub struct EngineSpec {
     pub served_model_name: Option<String>,
     /// Most completions decoded in one batch step (at least 1).
     pub max_batch_rows: usize,
+    /// Budget of the engine's prefix cache in prompt positions (0: off;
+    /// [`EngineConfig::prefix_cache_tokens`]).
+    pub prefix_cache_tokens: usize,
 }
 
 /// Progress of [`start_engine`], for the caller to show.
@@ -129,7 +132,7 @@ pub fn start_engine(
         EngineConfig {
             model_name: name.clone(),
             max_batch_rows: spec.max_batch_rows,
-            ..EngineConfig::default()
+            prefix_cache_tokens: spec.prefix_cache_tokens,
         },
     )
     .map_err(during("starting the engine"))?;
@@ -199,6 +202,7 @@ mod tests {
             adapters: Vec::new(),
             served_model_name: None,
             max_batch_rows: 8,
+            prefix_cache_tokens: 0,
         }
     }
 

@@ -536,13 +536,16 @@ async fn models_health_and_auth() {
 async fn metrics_count_requests_and_tokens() {
     let Some(engine) = engine() else { return };
     let app = app(&engine);
-    let (status, body) = post_json(
-        &app,
-        "/v1/completions",
-        &json!({"prompt": "One, two,", "max_tokens": 3}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    // The same prompt twice: the second reuses the first's prefill from the prefix cache.
+    for _ in 0..2 {
+        let (status, body) = post_json(
+            &app,
+            "/v1/completions",
+            &json!({"prompt": "One, two, three, four, five, six,", "max_tokens": 3}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
     let (status, _) = post_json(
         &app,
         "/v1/completions",
@@ -554,7 +557,7 @@ async fn metrics_count_requests_and_tokens() {
     assert_eq!(status, StatusCode::OK);
     assert!(ctype.starts_with("text/plain"), "{ctype}");
     for needle in [
-        r#"agl_llm_requests_total{endpoint="/v1/completions",status="200"} 1"#,
+        r#"agl_llm_requests_total{endpoint="/v1/completions",status="200"} 2"#,
         r#"agl_llm_requests_total{endpoint="/v1/completions",status="404"} 1"#,
         "agl_llm_prompt_tokens_total ",
         "agl_llm_generation_tokens_total ",
@@ -563,7 +566,7 @@ async fn metrics_count_requests_and_tokens() {
         "agl_llm_last_batch_rows ",
         "agl_llm_generation_tokens_per_second ",
         r#"agl_llm_time_to_first_token_seconds_bucket{endpoint="/v1/completions""#,
-        r#"agl_llm_e2e_request_latency_seconds_count{endpoint="/v1/completions"} 1"#,
+        r#"agl_llm_e2e_request_latency_seconds_count{endpoint="/v1/completions"} 2"#,
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
@@ -573,6 +576,12 @@ async fn metrics_count_requests_and_tokens() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap();
     assert!(generated >= 3.0, "{text}");
+    let reused: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("agl_llm_prefix_cache_hit_tokens_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(reused >= 5.0, "{text}");
 }
 
 /// The turn after a tool call, as LangChain and the OpenAI Agents SDK send it: the assistant's

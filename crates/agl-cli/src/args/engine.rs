@@ -90,6 +90,11 @@ pub struct EngineArgs {
     /// Most completions decoded in one batch step; more requests wait in a queue.
     #[arg(long, default_value_t = 64)]
     pub max_batch_rows: usize,
+    /// Budget of the prefix cache in prompt positions over all kept prompts (0: off): a
+    /// request reuses the keys and values of the longest prefix it shares with a recently
+    /// prefilled prompt (vLLM's automatic prefix caching).
+    #[arg(long, value_name = "N", default_value_t = agl_llm::DEFAULT_PREFIX_CACHE_TOKENS)]
+    pub prefix_cache_tokens: usize,
 }
 
 impl EngineArgs {
@@ -102,6 +107,7 @@ impl EngineArgs {
             adapters: self.adapters.clone(),
             served_model_name: self.served_model_name.clone(),
             max_batch_rows: self.max_batch_rows,
+            prefix_cache_tokens: self.prefix_cache_tokens,
         }
     }
 }

@@ -416,6 +416,7 @@ fn start_engine(
             .collect(),
         served_model_name: None,
         max_batch_rows: args.workers.clamp(1, 64),
+        prefix_cache_tokens: agl_llm::DEFAULT_PREFIX_CACHE_TOKENS,
     };
     let started = crate::args::engine::start_engine(&spec, "agl eval")?;
     let model = adapter.map_or_else(|| started.name.clone(), |(name, _)| name);

@@ -193,6 +193,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 adapters: args.llm_adapters.clone(),
                 served_model_name: None,
                 max_batch_rows: 64,
+                prefix_cache_tokens: agl_llm::DEFAULT_PREFIX_CACHE_TOKENS,
             };
             let started = start_engine(&spec, "agl store")?;
             let note = format!(

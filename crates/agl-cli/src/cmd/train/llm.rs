@@ -480,6 +480,7 @@ pub(super) fn engine_spec(args: &LlmTrainArgs, rows: usize) -> agl_llm::EngineSp
         adapters: Vec::new(),
         served_model_name: None,
         max_batch_rows: rows.clamp(8, 64),
+        prefix_cache_tokens: agl_llm::DEFAULT_PREFIX_CACHE_TOKENS,
     }
 }
 
