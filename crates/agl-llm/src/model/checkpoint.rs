@@ -9,14 +9,16 @@
 //! (Chen et al. 2016, arXiv:1604.06174; Hugging Face's `gradient_checkpointing_enable`):
 //!
 //! 1. **Forward, nothing retained**: each layer's input (the residual stream, `[tokens,
-//!    hidden]`) is saved, detached. Attention is one op with its own blocked backward
-//!    ([`super::attention`]), so no `[queries, keys]` score matrix is ever whole.
+//!    hidden]`) is saved, detached. The forward runs the engine's fused kernels (RMSNorm,
+//!    rope; [`Ops::Fused`]), as sampling does, so its log-probabilities are computed as the
+//!    engine's are. Attention is one op with its own blocked backward ([`super::attention`]),
+//!    so no `[queries, keys]` score matrix is ever whole.
 //! 2. **Head**: the final norm, the LM head and the log-softmax run only at response
 //!    positions, in chunks of at most [`HEAD_CELLS`] logits; the caller's loss is evaluated on
 //!    the `[g, S]` log-probabilities and differentiated to `∂L/∂logp`; each chunk is then
 //!    recomputed and back-propagated with `sum(logp · ∂L/∂logp)` to the last hidden states.
 //! 3. **Layers, last to first**: candle's autograd differentiates a scalar, so each layer is
-//!    re-run from its saved input as a variable and back-propagated with `sum(output ·
+//!    re-run (with the composed, differentiable ops) from its saved input as a variable and back-propagated with `sum(output ·
 //!    upstream gradient)`, giving the gradient of its input (the next upstream gradient) and
 //!    of its LoRA factors. The base weights are frozen ([`super::frozen`]).
 //!
@@ -111,7 +113,7 @@ impl LlamaModel {
         let mut xs = self.embed.index_select(&suffixes.flatten_all()?, 0)?;
         let mut saved = Vec::with_capacity(if save { self.blocks.len() } else { 0 });
         for layer in 0..self.blocks.len() {
-            let (yp, ys) = self.prefixed_layer(layer, &xp, &xs, dims, adapter)?;
+            let (yp, ys) = self.prefixed_layer(layer, &xp, &xs, dims, adapter, Ops::Fused)?;
             let (yp, ys) = (yp.detach(), ys.detach());
             if save {
                 saved.push((xp, xs));
@@ -123,7 +125,8 @@ impl LlamaModel {
 
     /// Layer `layer` on the prefix's stream `xp: [P, hidden]` and the continuations' `xs:
     /// [g·S, hidden]`, the continuations attending to the whole prefix: the layer's outputs,
-    /// same shapes. Differentiable.
+    /// same shapes. Differentiable with [`Ops::Differentiable`]; [`Ops::Fused`] runs the
+    /// engine's fused kernels (the forward pass, whose graph is never used).
     fn prefixed_layer(
         &self,
         layer: usize,
@@ -131,6 +134,7 @@ impl LlamaModel {
         xs: &Tensor,
         (p, g, s): (usize, usize, usize),
         adapter: Option<&LoraAdapter>,
+        ops: Ops,
     ) -> Result<(Tensor, Tensor)> {
         let cfg = &self.cfg;
         let (kvh, hd, groups) = (cfg.num_key_value_heads, cfg.head_dim, cfg.kv_groups());
@@ -142,13 +146,12 @@ impl LlamaModel {
             qs,
             ks,
             vs,
-        } = self.layer_qkv(layer, xp, xs, (p, g, s), adapter)?;
+        } = self.layer_qkv(layer, xp, xs, (p, g, s), adapter, ops)?;
         let op = causal_attention(&qp, &kp, &vp, 0, groups)?.reshape((p, width))?;
         let shape = (g, kvh, p, hd);
         let keys = Tensor::cat(&[&kp.broadcast_as(shape)?, &ks], 2)?;
         let values = Tensor::cat(&[&vp.broadcast_as(shape)?, &vs], 2)?;
         let os = causal_attention(&qs, &keys, &values, p, groups)?.reshape((g * s, width))?;
-        let ops = Ops::Differentiable;
         Ok((
             self.finish_layer(layer, xp, &op, adapter, ops)?,
             self.finish_layer(layer, xs, &os, adapter, ops)?,
@@ -163,8 +166,8 @@ impl LlamaModel {
         xs: &Tensor,
         (p, g, s): (usize, usize, usize),
         adapter: Option<&LoraAdapter>,
+        ops: Ops,
     ) -> Result<Qkv> {
-        let ops = Ops::Differentiable;
         let tp = self.rope_tables(0, p, ops)?;
         let ts = self.rope_tables(p, s, ops)?;
         let (qp, kp, vp) = self.qkv(layer, xp, (1, p), &tp, adapter, ops)?;
@@ -181,16 +184,17 @@ impl LlamaModel {
 
     /// Log-probabilities of `targets` at the rows `index` of the final residual stream `x`
     /// (`[rows, hidden]`): final norm, LM head, log-softmax, gather. `[index.len()]`.
-    fn head_logprobs(&self, x: &Tensor, index: &[u32], targets: &[u32]) -> Result<Tensor> {
+    fn head_logprobs(
+        &self,
+        x: &Tensor,
+        index: &[u32],
+        targets: &[u32],
+        ops: Ops,
+    ) -> Result<Tensor> {
         let ids = Tensor::new(index, &self.device)?;
         let hidden = x.index_select(&ids, 0)?;
-        let hidden = rms_norm(
-            &hidden,
-            &self.norm,
-            self.cfg.rms_norm_eps,
-            Ops::Differentiable,
-        )?;
-        let logits = self.lm_head.forward(&hidden, None, Ops::Differentiable)?;
+        let hidden = rms_norm(&hidden, &self.norm, self.cfg.rms_norm_eps, ops)?;
+        let logits = self.lm_head.forward(&hidden, None, ops)?;
         let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let t = Tensor::new(targets, &self.device)?.unsqueeze(1)?;
         Ok(logp.gather(&t, 1)?.squeeze(1)?)
@@ -246,7 +250,7 @@ impl LlamaModel {
         let mut parts = Vec::new();
         for (a, n) in blocks(index.len(), self.head_chunk()) {
             parts.push(
-                self.head_logprobs(stream, &index[a..a + n], &targets[a..a + n])?
+                self.head_logprobs(stream, &index[a..a + n], &targets[a..a + n], Ops::Fused)?
                     .detach(),
             );
         }
@@ -300,8 +304,12 @@ impl LlamaModel {
         let stream = Var::from_tensor(&stream)?;
         let mut g_stream = None;
         for (a, n) in blocks(index.len(), self.head_chunk()) {
-            let lp =
-                self.head_logprobs(stream.as_tensor(), &index[a..a + n], &targets[a..a + n])?;
+            let lp = self.head_logprobs(
+                stream.as_tensor(),
+                &index[a..a + n],
+                &targets[a..a + n],
+                Ops::Differentiable,
+            )?;
             let surrogate = (lp * g_lp.narrow(0, a, n)?)?.sum_all()?;
             add_into(
                 &mut g_stream,
@@ -316,8 +324,14 @@ impl LlamaModel {
         let dims = (p, g, s);
         for (layer, (xp, xs)) in saved.iter().enumerate().rev() {
             let (xp, xs) = (Var::from_tensor(xp)?, Var::from_tensor(xs)?);
-            let (yp, ys) =
-                self.prefixed_layer(layer, xp.as_tensor(), xs.as_tensor(), dims, Some(adapter))?;
+            let (yp, ys) = self.prefixed_layer(
+                layer,
+                xp.as_tensor(),
+                xs.as_tensor(),
+                dims,
+                Some(adapter),
+                Ops::Differentiable,
+            )?;
             let surrogate = ((yp * &gp)?.sum_all()? + (ys * &gs)?.sum_all()?)?;
             let grads = surrogate.backward()?;
             collect_lora(&mut lora, &grads, adapter, layer)?;
