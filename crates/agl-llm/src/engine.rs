@@ -1,7 +1,9 @@
 //! The in-process engine: one worker thread owns the model and serves every request with
 //! continuous batching. The gateway, the HTTP API and the trainer call it without HTTP.
 //!
-//! Each request is prefilled once (batch 1) into a key/value cache; its `n` completions then
+//! Each request is prefilled once (batch 1, in chunks of [`PREFILL_CHUNK`] positions, reusing
+//! whole chunks of a recently prefilled prompt it starts with: `prefix_cache`) into a
+//! key/value cache; its `n` completions then
 //! decode together as one group sharing the prompt's cache (the GRPO group). Every step, all
 //! running groups of all requests that use the same adapter decode together: the linear
 //! layers run once over all rows, attention runs per group. New requests join between steps;
@@ -50,6 +52,13 @@ use crate::structured::{Constraint, ConstraintState, GrammarCompiler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 mod prefix_cache;
+
+/// Prompts are prefilled in chunks of this many positions, aligned at position 0, and the
+/// prefix cache reuses only whole chunks: a prompt's keys, values and logits are then the same
+/// to the last bit whether or not part of it came from the cache (each chunk's products have
+/// the same shapes and inputs either way), so a seed gives the same tokens with and without
+/// the cache. 64 rows keep a chunk's matrix products efficient on a CPU.
+pub const PREFILL_CHUNK: usize = 64;
 
 pub use prefix_cache::DEFAULT_PREFIX_CACHE_TOKENS;
 use prefix_cache::PrefixCache;
@@ -765,14 +774,24 @@ impl Worker {
         let prefix = &mut self.prefix;
         let prefilled = (|| -> Result<(KvCache, Vec<f32>, usize)> {
             let mut cache = KvCache::with_limit(model.config(), 1, initial, limit, model.device())?;
+            // Only whole chunks are reused, so the rest is prefilled in the same chunks as a
+            // prompt without a cached prefix: the same numbers to the last bit.
             let reused = match prefix.lookup(adapter_arc, &job.prompt) {
                 Some((len, cached)) => {
+                    let len = len / PREFILL_CHUNK * PREFILL_CHUNK;
                     cache.fill_prefix(cached, len)?;
                     len
                 }
                 None => 0,
             };
-            let logits = model.prefill(&job.prompt[reused..], &mut cache, adapter)?;
+            let mut at = reused;
+            let mut logits = None;
+            while at < job.prompt.len() || logits.is_none() {
+                let end = ((at / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(job.prompt.len());
+                logits = Some(model.prefill(&job.prompt[at..end], &mut cache, adapter)?);
+                at = end;
+            }
+            let logits = logits.ok_or_else(|| LlmError::invalid("prompt", "no tokens"))?;
             prefix.insert(adapter_arc, &job.prompt, &cache)?;
             Ok((cache, logits.to_vec1::<f32>()?, reused))
         })();

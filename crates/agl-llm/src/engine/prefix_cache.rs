@@ -9,8 +9,9 @@
 //! any cached prompt shares with it, copies those positions, and prefills only the rest.
 //!
 //! Keys and values of a position depend only on the tokens up to it (causal attention) and on
-//! the weights, so a reused prefix is the same computation; outputs can differ from a full
-//! prefill only by floating-point summation order (tested against it in
+//! the weights, so a reused prefix is the same computation. The engine prefills in chunks
+//! aligned at position 0 and reuses only whole chunks ([`super::PREFILL_CHUNK`]), so it is
+//! also the same arithmetic: outputs are bit-identical with and without the cache (tested in
 //! `tests/model.rs`). Entries are bound to the adapter object they were computed with: an
 //! adapter replaced under the same name never reuses the old one's entries.
 //!
