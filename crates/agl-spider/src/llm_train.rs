@@ -230,7 +230,7 @@ impl SqlStep {
 }
 
 /// The dev set after training against before, paired question by question
-/// ([`agl_train::paired`]).
+/// ([`mod@agl_train::paired`]).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct DevPaired {
     /// Execution accuracy.

@@ -66,7 +66,7 @@
 //! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
 //! and reports them in a [`TripletReport`].
 //!
-//! [`paired`] compares two evaluations of the same questions (a 95% paired bootstrap interval
+//! [`paired()`] (module [`mod@paired`]) compares two evaluations of the same questions (a 95% paired bootstrap interval
 //! of the difference, McNemar's exact test).
 //!
 //! One severity→penalty table ([`SEVERITY_PENALTIES`]) serves violations, rewards and the

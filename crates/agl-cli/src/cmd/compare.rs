@@ -1,6 +1,6 @@
 //! `agl compare BEFORE.json AFTER.json`: two `agl eval --rows` reports on the same questions,
 //! compared question by question: accuracy and violation rate before and after, their paired
-//! difference with a 95% bootstrap interval, and McNemar's exact test ([`agl_train::paired`]).
+//! difference with a 95% bootstrap interval, and McNemar's exact test ([`mod@agl_train::paired`]).
 //!
 //! The reports must be of the same agent, split and questions (the rows' `index`, the
 //! question's position in its split file): a paired comparison of different questions means

@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::lora::LoraAdapter;
 use crate::model::KvCache;
 
-/// Default budget of [`PrefixCache`], in positions (about 235 MB for Qwen2.5-1.5B).
+/// Default budget of the prefix cache, in positions (about 235 MB for Qwen2.5-1.5B).
 pub const DEFAULT_PREFIX_CACHE_TOKENS: usize = 4096;
 
 /// One prefilled prompt.
