@@ -28,6 +28,8 @@ fn bad_llm_training_flags_are_one_line_errors() {
     );
     let o = agl(&["train", "--agent", "llm", "--group-size", "1"]);
     assert_one_line_error(&o, 1, "--group-size must be at least 2");
+    let o = agl(&["train", "--agent", "llm", "--dynamic-sampling", "0"]);
+    assert_one_line_error(&o, 1, "--dynamic-sampling must be at least 1");
     let o = agl(&["train", "--agent", "llm", "--runner-processes", "2"]);
     assert_one_line_error(&o, 1, "apply to --agent scorer");
     let o = agl(&["train", "--agent", "llm", "--model", "no-such-model"]);

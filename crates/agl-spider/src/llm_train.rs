@@ -154,6 +154,9 @@ pub struct LlmCurvePoint {
     pub step_seconds: f64,
     /// Groups whose rewards were not all equal (they carry gradient).
     pub informative_groups: usize,
+    /// Batches of `--tasks-per-step` questions sampled (above 1 only with dynamic sampling).
+    #[serde(default)]
+    pub sampling_batches: usize,
     /// Calls refused for training (no token ids or log-probabilities).
     pub refused_calls: usize,
     /// Calls dropped because another adapter version answered them.
@@ -216,6 +219,7 @@ impl SqlStep {
             update_seconds: stats.update.seconds,
             step_seconds: stats.step_seconds,
             informative_groups: stats.informative_groups,
+            sampling_batches: stats.sampling_batches,
             refused_calls: stats.refused_calls,
             stale_calls: stats.stale_calls,
             screened: stats.screened,

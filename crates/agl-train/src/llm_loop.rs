@@ -105,6 +105,10 @@ pub struct TrainerState {
     /// The SFT settings (`sft` runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sft: Option<LlmSftConfig>,
+    /// Train tasks taken so far, when it differs from `step × tasks_per_step` (dynamic
+    /// sampling takes more than one batch in some steps); a resumed run goes on from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_taken: Option<usize>,
 }
 
 fn default_algorithm() -> String {
@@ -252,6 +256,11 @@ pub struct LlmLoopConfig {
     pub checkpoint_every: Option<usize>,
     /// Each rollout's retry and time-limit settings (`None`: the store's defaults).
     pub rollout_config: Option<agl_core::RolloutConfig>,
+    /// Most batches of `tasks_per_step` tasks one step samples (DAPO's dynamic sampling, Yu et
+    /// al. 2025, arXiv:2503.14476): while fewer than `tasks_per_step` of the step's groups
+    /// have rewards that differ, another batch of the next tasks is run, up to this many; the
+    /// update then takes every group sampled. 1 (the default) samples one batch.
+    pub max_sampling_batches: usize,
 }
 
 /// What one step did (seconds; counts of rollouts, groups and calls).
@@ -270,6 +279,8 @@ pub struct StepStats {
     /// Rollouts left out of the update because they have no reward (the judge's `None`: an
     /// agent that reported none, or an attempt that failed or timed out).
     pub unrewarded: usize,
+    /// Batches of `tasks_per_step` tasks sampled (more than 1 only with dynamic sampling).
+    pub sampling_batches: usize,
     /// Seconds of the rollout phase (from the first enqueue to the last finish).
     pub rollout_seconds: f64,
     /// Seconds the engine spent answering the step's calls, summed over calls
@@ -349,6 +360,11 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 grpo.algorithm()
             )));
         }
+        if c.max_sampling_batches == 0 {
+            return Err(TrainError::Config(
+                "max_sampling_batches must be at least 1".into(),
+            ));
+        }
         let base = self.serving.base_model();
         let mut served = if c.start_step == 0 {
             base.clone()
@@ -357,24 +373,20 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
             self.serving.publish(&name, grpo.adapter())?;
             name
         };
-        let checkpoint = |dir: &Path, grpo: &dyn Learner, step: usize| {
+        let mut taken = state.tasks_taken.unwrap_or(c.start_step * c.tasks_per_step);
+        let checkpoint = |dir: &Path, grpo: &dyn Learner, step: usize, taken: usize| {
             save_checkpoint(
                 dir,
                 grpo.adapter(),
                 &TrainerState {
                     step,
+                    tasks_taken: (taken != step * c.tasks_per_step).then_some(taken),
                     ..state.clone()
                 },
             )
         };
         for step in c.start_step..c.steps {
             let step_started = Instant::now();
-            let batch: Vec<T> = (0..c.tasks_per_step)
-                .flat_map(|k| {
-                    let task = &self.tasks[(step * c.tasks_per_step + k) % self.tasks.len()];
-                    std::iter::repeat_n(task.clone(), c.group_size)
-                })
-                .collect();
             let plan = BatchPlan {
                 resources_id: format!("{}-v{step}", c.resources_prefix),
                 llm_resource: c.llm_resource.clone(),
@@ -387,19 +399,42 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 workers: c.workers,
                 config: c.rollout_config.clone(),
             };
-            let (finished, rollout_seconds) =
-                run_batch(self.store, self.runners, &plan, &batch, |r, a| {
+            let mut finished: Vec<FinishedRollout> = Vec::new();
+            let mut judged: Vec<Judged> = Vec::new();
+            let mut rollout_seconds = 0.0;
+            let mut sampling_batches = 0;
+            while sampling_batches < c.max_sampling_batches {
+                let batch: Vec<T> = (0..c.tasks_per_step)
+                    .flat_map(|k| {
+                        let task = &self.tasks[(taken + k) % self.tasks.len()];
+                        std::iter::repeat_n(task.clone(), c.group_size)
+                    })
+                    .collect();
+                taken += c.tasks_per_step;
+                sampling_batches += 1;
+                let (more, seconds) = run_batch(self.store, self.runners, &plan, &batch, |r, a| {
                     observer.rollout_done(r, a)
                 })
                 .await?;
-            let judged: Vec<Judged> = finished.iter().map(|f| (self.judge)(f)).collect();
+                rollout_seconds += seconds;
+                // Groups stay apart across batches: index = batch offset + position.
+                let offset = finished.len();
+                for mut f in more {
+                    f.index += offset;
+                    judged.push((self.judge)(&f));
+                    finished.push(f);
+                }
+                if self.informative_groups(&finished, &judged) >= c.tasks_per_step {
+                    break;
+                }
+            }
             let mut stats = match self.learn(grpo, &finished, &judged, step, &served) {
                 Ok(s) => s,
                 Err(TrainError::NothingToLearn(why)) => {
                     let kept = match &c.checkpoint_dir {
                         Some(dir) if step > c.start_step => {
                             let at = dir.join(format!("step-{step}"));
-                            checkpoint(&at, &*grpo, step)?;
+                            checkpoint(&at, &*grpo, step, taken)?;
                             format!("; the adapter of step {step} is saved in {}", at.display())
                         }
                         _ => String::new(),
@@ -422,10 +457,11 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 && c.checkpoint_every
                     .is_some_and(|k| k > 0 && done % k == 0 && done < c.steps)
             {
-                checkpoint(&dir.join(format!("step-{done}")), &*grpo, done)?;
+                checkpoint(&dir.join(format!("step-{done}")), &*grpo, done, taken)?;
             }
             stats.step = done;
             stats.rollout_seconds = rollout_seconds;
+            stats.sampling_batches = sampling_batches;
             stats.llm_call_seconds = finished
                 .iter()
                 .flat_map(|f| f.spans.iter())
@@ -442,9 +478,29 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
             })?;
         }
         if let Some(dir) = &c.checkpoint_dir {
-            checkpoint(&dir.join("final"), &*grpo, c.steps.max(c.start_step))?;
+            checkpoint(&dir.join("final"), &*grpo, c.steps.max(c.start_step), taken)?;
         }
         Ok(served)
+    }
+
+    /// Groups (G consecutive rollouts, by index) whose rewards differ among the rollouts that
+    /// enter the gradient (not screened, with a reward): those that carry a gradient.
+    fn informative_groups(&self, finished: &[FinishedRollout], judged: &[Judged]) -> usize {
+        let mut groups: HashMap<usize, Vec<f64>> = HashMap::new();
+        for (f, j) in finished.iter().zip(judged) {
+            if let Some(r) = j.reward
+                && self.config.mode.in_gradient(j.violations)
+            {
+                groups
+                    .entry(f.index / self.config.group_size)
+                    .or_default()
+                    .push(r);
+            }
+        }
+        groups
+            .values()
+            .filter(|rs| rs.iter().any(|r| (r - rs[0]).abs() > 1e-9))
+            .count()
     }
 
     /// Triplets → samples → one update of the learner, for one step's rollouts (in enqueue
@@ -461,7 +517,6 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
         let group_size = self.config.group_size;
         let mut samples = Vec::new();
         let mut rewards: HashMap<String, f64> = HashMap::new();
-        let mut group_rewards: HashMap<usize, Vec<f64>> = HashMap::new();
         let (mut refused, mut stale, mut screened, mut unrewarded) = (0usize, 0, 0, 0);
         for (f, j) in finished.iter().zip(judged) {
             let task = f.index / group_size;
@@ -475,7 +530,6 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 continue;
             };
             rewards.insert(f.rollout_id.clone(), reward);
-            group_rewards.entry(task).or_default().push(reward);
             if f.spans.is_empty() {
                 continue;
             }
@@ -493,10 +547,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 reward,
             )?);
         }
-        let informative_groups = group_rewards
-            .values()
-            .filter(|rs| rs.iter().any(|r| (r - rs[0]).abs() > 1e-9))
-            .count();
+        let informative_groups = self.informative_groups(finished, judged);
         let update = grpo.update(samples, &rewards)?;
         Ok(StepStats {
             informative_groups,
@@ -529,7 +580,187 @@ mod tests {
             group_size: 4,
             algorithm: "grpo".into(),
             sft: None,
+            tasks_taken: None,
         }
+    }
+
+    /// Rewards by task: an even task earns 1 on every rollout (its group carries no
+    /// gradient); an odd task earns 0 and 1 in turn (rollouts run one at a time).
+    struct Parity(std::sync::atomic::AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl crate::Agent for Parity {
+        type Input = u32;
+        type Output = u32;
+        async fn run(
+            &self,
+            task: &u32,
+            ctx: &mut crate::StepContext,
+        ) -> Result<u32, crate::AgentError> {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let reward = if task.is_multiple_of(2) {
+                1.0
+            } else {
+                (n % 2) as f64
+            };
+            ctx.emit_reward(reward)?;
+            Ok(*task)
+        }
+    }
+
+    /// Records the rewarded rollouts of each update.
+    struct Recorder {
+        adapter: agl_llm::LoraAdapter,
+        updates: Vec<usize>,
+    }
+
+    impl Learner for Recorder {
+        fn algorithm(&self) -> &'static str {
+            "grpo"
+        }
+        fn adapter(&self) -> &agl_llm::LoraAdapter {
+            &self.adapter
+        }
+        fn min_group_size(&self) -> usize {
+            2
+        }
+        fn update(
+            &mut self,
+            _: Vec<crate::TokenSample>,
+            rewards: &HashMap<String, f64>,
+        ) -> Result<LlmStepStats, TrainError> {
+            self.updates.push(rewards.len());
+            Ok(LlmStepStats::default())
+        }
+    }
+
+    struct Serving;
+
+    impl PolicyServing for Serving {
+        fn base_model(&self) -> String {
+            "base".into()
+        }
+        fn endpoint(&self) -> String {
+            "http://127.0.0.1:9/v1".into()
+        }
+        fn publish(&self, _: &str, _: &agl_llm::LoraAdapter) -> Result<(), TrainError> {
+            Ok(())
+        }
+        fn retire(&self, _: &str) {}
+    }
+
+    #[derive(Default)]
+    struct Steps(Vec<StepStats>);
+
+    impl LoopObserver for Steps {
+        fn step_done(&mut self, outcome: &StepOutcome<'_>) -> Result<(), TrainError> {
+            self.0.push(outcome.stats.clone());
+            Ok(())
+        }
+    }
+
+    /// A run of 2 steps × 2 tasks × G = 4 over tasks whose groups alternate between
+    /// uninformative pairs and informative pairs; returns each step's stats, the rewarded
+    /// rollouts of each update and the final checkpoint's state.
+    async fn parity_run(max_sampling_batches: usize) -> (Vec<StepStats>, Vec<usize>, TrainerState) {
+        let store: Arc<dyn LightningStore> = Arc::new(agl_store::InMemoryLightningStore::new());
+        let kernel = Arc::new(agl_gov::Kernel::new(agl_gov::GovernanceMode::Audit));
+        let pool = crate::InProcessRunners::new(
+            kernel,
+            Arc::new(Parity(std::sync::atomic::AtomicUsize::new(0))),
+        );
+        let cfg = agl_llm::config::ModelConfig {
+            architecture: agl_llm::config::Architecture::Llama,
+            vocab_size: 16,
+            hidden_size: 8,
+            intermediate_size: 16,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            head_dim: 4,
+            rope_theta: 10_000.0,
+            rope_scaling: None,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+            attention_bias: false,
+        };
+        let (adapter, _) = agl_llm::LoraAdapter::new_trainable(
+            Default::default(),
+            &cfg,
+            &candle_core::Device::Cpu,
+            0,
+        )
+        .unwrap();
+        let mut learner = Recorder {
+            adapter,
+            updates: Vec::new(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let tasks: Vec<u32> = vec![0, 2, 1, 3, 4, 6, 5, 7, 8, 10];
+        let triplets =
+            TracerTraceToTriplet::new(crate::tracer_adapter::DEFAULT_LLM_CALL_MATCH, None).unwrap();
+        let judge = |f: &FinishedRollout| Judged::from_spans(f);
+        let training = LlmLoop {
+            config: LlmLoopConfig {
+                steps: 2,
+                start_step: 0,
+                tasks_per_step: 2,
+                group_size: 4,
+                temperature: 0.7,
+                max_tokens: 8,
+                workers: 1,
+                mode: TrainingMode::Audit,
+                resources_prefix: "parity".into(),
+                llm_resource: crate::DEFAULT_LLM_RESOURCE.into(),
+                checkpoint_dir: Some(dir.path().to_path_buf()),
+                checkpoint_every: None,
+                rollout_config: None,
+                max_sampling_batches,
+            },
+            store: &store,
+            runners: &pool,
+            serving: &Serving,
+            triplets: &triplets,
+            tasks: &tasks,
+            judge: &judge,
+        };
+        let mut steps = Steps::default();
+        training
+            .run(
+                &mut learner,
+                &TrainerState { step: 0, ..state() },
+                &mut steps,
+            )
+            .await
+            .unwrap();
+        let fin = TrainerState::read(&dir.path().join("final")).unwrap();
+        (steps.0, learner.updates, fin)
+    }
+
+    #[tokio::test]
+    async fn dynamic_sampling_samples_until_enough_groups_carry_a_gradient() {
+        // One batch a step: step 1 gets tasks 0 and 2 (all rewards equal), step 2 tasks 1 and
+        // 3 (both groups informative).
+        let (steps, updates, fin) = parity_run(1).await;
+        let got: Vec<(usize, usize)> = steps
+            .iter()
+            .map(|s| (s.informative_groups, s.sampling_batches))
+            .collect();
+        assert_eq!(got, [(0, 1), (2, 1)]);
+        assert_eq!(updates, [8, 8]);
+        assert_eq!(fin.tasks_taken, None);
+        // Up to three: step 1 runs tasks 0, 2 then 1, 3 and stops with two informative groups;
+        // step 2 runs 4, 6 then 5, 7. Every group sampled goes to the update.
+        let (steps, updates, fin) = parity_run(3).await;
+        let got: Vec<(usize, usize)> = steps
+            .iter()
+            .map(|s| (s.informative_groups, s.sampling_batches))
+            .collect();
+        assert_eq!(got, [(2, 2), (2, 2)]);
+        assert_eq!(updates, [16, 16]);
+        // 8 tasks taken in 2 steps: a resumed run goes on from task 8.
+        assert_eq!((fin.step, fin.tasks_taken), (2, Some(8)));
     }
 
     #[test]

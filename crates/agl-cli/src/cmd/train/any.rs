@@ -1091,6 +1091,10 @@ struct AnyPrinter {
 
 impl LoopObserver for AnyPrinter {
     fn rollout_done(&mut self, _: &agl_core::Rollout, _: Option<&agl_core::Attempt>) {
+        // Dynamic sampling may run more rollouts than planned.
+        if self.bar.length().is_some_and(|n| self.bar.position() >= n) {
+            self.bar.inc_length(1);
+        }
         self.bar.inc(1);
     }
 

@@ -86,6 +86,11 @@ pub struct LlmTrainArgs {
     /// Train questions per update (--agent llm); each is sampled --group-size times.
     #[arg(long, default_value_t = 2)]
     pub tasks_per_step: usize,
+    /// DAPO's dynamic sampling (GRPO): sample up to N batches of --tasks-per-step questions in
+    /// a step, stopping once --tasks-per-step of its groups have rewards that differ (a group
+    /// whose answers all earn the same carries no gradient); 1 samples one batch.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub dynamic_sampling: usize,
     /// LoRA rank r (--agent llm).
     #[arg(long, default_value_t = 8)]
     pub lora_rank: usize,
@@ -292,6 +297,10 @@ pub(super) fn checked(
     anyhow::ensure!(args.max_turns > 0, "--max-turns must be at least 1");
     anyhow::ensure!(args.max_tokens > 0, "--max-tokens must be at least 1");
     anyhow::ensure!(args.eval_limit > 0, "--eval-limit must be at least 1");
+    anyhow::ensure!(
+        args.dynamic_sampling > 0,
+        "--dynamic-sampling must be at least 1 (1 samples one batch per step)"
+    );
     anyhow::ensure!(shared.workers > 0, "--workers must be at least 1");
     anyhow::ensure!(args.lora_rank > 0, "--lora-rank must be at least 1");
     anyhow::ensure!(
@@ -369,7 +378,8 @@ pub(super) fn learner(
     resume: Option<&(PathBuf, TrainerState)>,
 ) -> anyhow::Result<(LlmGrpo, TrainerState)> {
     let (adapter, vars, start_step) = initial_adapter(engine, shared, args, settings, resume)?;
-    let state = trainer_state(shared, args, settings, mode, start_step, adapter.config());
+    let mut state = trainer_state(shared, args, settings, mode, start_step, adapter.config());
+    state.tasks_taken = resume.and_then(|(_, s)| s.tasks_taken);
     let grpo = LlmGrpo::new(engine.model().clone(), adapter, vars, settings.grpo.clone())?;
     Ok((grpo, state))
 }
@@ -440,6 +450,7 @@ pub(super) fn trainer_state(
         group_size: shared.group_size,
         algorithm: "grpo".into(),
         sft: None,
+        tasks_taken: None,
     }
 }
 
@@ -466,6 +477,7 @@ pub(super) fn loop_config(
         checkpoint_dir: None,
         checkpoint_every: shared.checkpoint_every,
         rollout_config: None,
+        max_sampling_batches: args.dynamic_sampling,
     }
 }
 
@@ -815,6 +827,10 @@ struct StepPrinter {
 
 impl LoopObserver for StepPrinter {
     fn rollout_done(&mut self, _: &agl_core::Rollout, _: Option<&agl_core::Attempt>) {
+        // Dynamic sampling may run more rollouts than planned.
+        if self.bar.length().is_some_and(|n| self.bar.position() >= n) {
+            self.bar.inc_length(1);
+        }
         self.bar.inc(1);
     }
 
@@ -840,7 +856,7 @@ impl LoopObserver for StepPrinter {
             point.update_seconds,
         ));
         let line = format!(
-            "[{}] step {done}: reward {:.2}, violations {:.2}, accuracy {:.2}, ran {:.2}, linking {:.2}, {} informative groups, {} of {} samples trained ({} stale, {} refused calls), {:.1} tok/s, rollouts {:.0} s, update {:.0} s",
+            "[{}] step {done}: reward {:.2}, violations {:.2}, accuracy {:.2}, ran {:.2}, linking {:.2}, {} informative groups{}, {} of {} samples trained ({} stale, {} refused calls), {:.1} tok/s, rollouts {:.0} s, update {:.0} s",
             self.mode.as_str(),
             point.reward,
             point.violation_rate,
@@ -848,6 +864,11 @@ impl LoopObserver for StepPrinter {
             point.executed_rate,
             point.schema_linking,
             point.informative_groups,
+            if point.sampling_batches > 1 {
+                format!(" in {} sampled batches", point.sampling_batches)
+            } else {
+                String::new()
+            },
             point.update.trained_samples,
             point.update.samples,
             point.stale_calls,
