@@ -784,14 +784,16 @@ impl Worker {
                 }
                 None => 0,
             };
+            // At least one chunk runs (an empty prompt is `prefill`'s error).
             let mut at = reused;
-            let mut logits = None;
-            while at < job.prompt.len() || logits.is_none() {
+            let logits = loop {
                 let end = ((at / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(job.prompt.len());
-                logits = Some(model.prefill(&job.prompt[at..end], &mut cache, adapter)?);
+                let logits = model.prefill(&job.prompt[at..end], &mut cache, adapter)?;
                 at = end;
-            }
-            let logits = logits.ok_or_else(|| LlmError::invalid("prompt", "no tokens"))?;
+                if at >= job.prompt.len() {
+                    break logits;
+                }
+            };
             prefix.insert(adapter_arc, &job.prompt, &cache)?;
             Ok((cache, logits.to_vec1::<f32>()?, reused))
         })();

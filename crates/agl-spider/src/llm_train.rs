@@ -257,7 +257,16 @@ impl DevPaired {
             }
             Some(m)
         };
-        let (b, a) = (by_index(before)?, by_index(after)?);
+        Self::of_outcomes(&by_index(before)?, &by_index(after)?, seed)
+    }
+
+    /// Pairs per-question `(correct, violated)` outcomes by question index; `None` unless
+    /// both hold the same, non-empty set of questions.
+    pub fn of_outcomes(
+        b: &BTreeMap<usize, (bool, bool)>,
+        a: &BTreeMap<usize, (bool, bool)>,
+        seed: u64,
+    ) -> Option<Self> {
         if b.is_empty() || !b.keys().eq(a.keys()) {
             return None;
         }

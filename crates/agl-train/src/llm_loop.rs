@@ -403,6 +403,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
             let mut judged: Vec<Judged> = Vec::new();
             let mut rollout_seconds = 0.0;
             let mut sampling_batches = 0;
+            let mut informative = 0;
             while sampling_batches < c.max_sampling_batches {
                 let batch: Vec<T> = (0..c.tasks_per_step)
                     .flat_map(|k| {
@@ -424,7 +425,8 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                     judged.push((self.judge)(&f));
                     finished.push(f);
                 }
-                if self.informative_groups(&finished, &judged) >= c.tasks_per_step {
+                informative = self.informative_groups(&finished, &judged);
+                if informative >= c.tasks_per_step {
                     break;
                 }
             }
@@ -462,6 +464,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
             stats.step = done;
             stats.rollout_seconds = rollout_seconds;
             stats.sampling_batches = sampling_batches;
+            stats.informative_groups = informative;
             stats.llm_call_seconds = finished
                 .iter()
                 .flat_map(|f| f.spans.iter())
@@ -547,10 +550,8 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
                 reward,
             )?);
         }
-        let informative_groups = self.informative_groups(finished, judged);
         let update = grpo.update(samples, &rewards)?;
         Ok(StepStats {
-            informative_groups,
             refused_calls: refused,
             stale_calls: stale,
             screened,

@@ -6,7 +6,8 @@
 //! question's position in its split file): a paired comparison of different questions means
 //! nothing, so it is refused, naming the questions only one report has.
 //!
-//! Responsible for reading and checking the reports and printing; not for the statistics.
+//! Responsible for reading and checking the reports and printing; not for pairing the
+//! outcomes or the statistics ([`DevPaired::of_outcomes`], shared with `agl train --agent llm`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,8 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::out::table::Columns;
-use agl_train::{Paired, paired};
+use agl_spider::DevPaired;
+use agl_train::Paired;
 
 /// Arguments of `agl compare`.
 #[derive(Debug, Args)]
@@ -103,13 +105,12 @@ struct Side {
 fn read(path: &Path) -> anyhow::Result<(ReportIn, BTreeMap<usize, RowIn>)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let report: ReportIn = serde_json::from_str(&text).with_context(|| {
+    let mut report: ReportIn = serde_json::from_str(&text).with_context(|| {
         format!(
             "{}: not an `agl eval` report (agent, data.split, data.selection and questions expected)",
             path.display()
         )
     })?;
-    let mut report = report;
     let Some(rows) = report.questions.take() else {
         bail!(
             "{}: the report has no per-question rows (run `agl eval` with --rows)",
@@ -186,16 +187,18 @@ fn compare(args: &CompareArgs) -> anyhow::Result<Comparison> {
             some(&only_a)
         );
     }
-    if b_rows.is_empty() {
-        bail!("the reports have no questions");
-    }
-    // Both maps have the same keys, so their values pair up in key order.
-    let pairs: Vec<(&RowIn, &RowIn)> = b_rows.values().zip(a_rows.values()).collect();
-    let column = |f: fn(&RowIn) -> bool| -> (Vec<bool>, Vec<bool>) {
-        pairs.iter().map(|(b, a)| (f(b), f(a))).unzip()
+    let outcomes = |rows: &BTreeMap<usize, RowIn>| -> BTreeMap<usize, (bool, bool)> {
+        rows.iter()
+            .map(|(&i, r)| (i, (r.correct, r.violated())))
+            .collect()
     };
-    let (acc_b, acc_a) = column(|r| r.correct);
-    let (vio_b, vio_a) = column(RowIn::violated);
+    let Some(DevPaired {
+        accuracy,
+        violation_rate,
+    }) = DevPaired::of_outcomes(&outcomes(&b_rows), &outcomes(&a_rows), args.seed)
+    else {
+        bail!("the reports have no questions");
+    };
     let side = |path: &Path, r: &ReportIn| Side {
         report: path.display().to_string(),
         evaluated: evaluated(r),
@@ -206,11 +209,11 @@ fn compare(args: &CompareArgs) -> anyhow::Result<Comparison> {
         split: before.data.split.clone(),
         before: side(&args.before, &before),
         after: side(&args.after, &after),
-        questions: pairs.len(),
+        questions: b_rows.len(),
         resamples: agl_train::paired::RESAMPLES,
         seed: args.seed,
-        accuracy: paired(&acc_b, &acc_a, args.seed),
-        violation_rate: paired(&vio_b, &vio_a, args.seed),
+        accuracy,
+        violation_rate,
     })
 }
 
