@@ -159,7 +159,10 @@ fn main() -> ExitCode {
         Command::Llm { .. }
         | Command::Eval(_)
         | Command::Bench {
-            command: cmd::bench::BenchCommand::Llm(_) | cmd::bench::BenchCommand::Gateway(_),
+            command:
+                cmd::bench::BenchCommand::Llm(_)
+                | cmd::bench::BenchCommand::Gateway(_)
+                | cmd::bench::BenchCommand::Update(_),
         } => true,
         Command::Store(args) => args.serves_llm(),
         Command::Train(args) => args.trains_llm(),

@@ -39,6 +39,7 @@ use crate::lora::{LoraAdapter, LoraPair, Target};
 mod attention;
 mod checkpoint;
 mod frozen;
+mod swiglu;
 
 pub use checkpoint::LogprobGradients;
 
@@ -101,6 +102,27 @@ impl Linear {
             Some((p, s)) => {
                 let delta = x.matmul(&p.a.t()?)?.matmul(&p.b.t()?)?;
                 Ok((y + (delta * s)?)?)
+            }
+        }
+    }
+
+    /// `sum(self.forward(x, lora, Differentiable) · g)` up to the bias's `sum(b · g)`, which
+    /// does not depend on `x` or the LoRA factors: for a backward pass that needs only this
+    /// scalar's gradients. With a dense weight it is `sum(x · (g W))`: `g W` is the input
+    /// gradient a backward pass through `x Wᵀ` computes anyway, and `x Wᵀ` itself is never
+    /// formed. `x: [n, in]`, `g: [n, out]` (a constant) → a scalar.
+    fn dot(&self, x: &Tensor, lora: Option<(&LoraPair, f64)>, g: &Tensor) -> Result<Tensor> {
+        let base = match &self.weight {
+            Weight::Dense(w) => frozen::constant_dot(x, &g.matmul(w)?)?,
+            Weight::Quantized(..) => {
+                (self.forward(x, None, Ops::Differentiable)? * g)?.sum_all()?
+            }
+        };
+        match lora {
+            None => Ok(base),
+            Some((p, s)) => {
+                let delta = x.matmul(&p.a.t()?)?.matmul(&p.b.t()?)?;
+                Ok((base + ((delta * s)? * g)?.sum_all()?)?)
             }
         }
     }
@@ -867,7 +889,44 @@ impl LlamaModel {
         Ok((&x + self.mlp(block, &x, layer, adapter, ops)?)?)
     }
 
+    /// `sum(finish_layer(layer, x, attn, adapter, Differentiable) · g)` up to a term that does
+    /// not depend on `x`, `attn` or the LoRA factors, so its gradients are those of the layer
+    /// output against the upstream gradient `g: [n, hidden]` (a constant), without the MLP's
+    /// down projection: its part is [`Linear::dot`]'s `sum(h · (g W_down))`, which a backward
+    /// pass needs anyway, and the `h W_downᵀ` product a recomputed forward would form (a
+    /// third of the MLP) is never computed. A scalar.
+    fn finish_layer_dot(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        attn: &Tensor,
+        adapter: Option<&LoraAdapter>,
+        g: &Tensor,
+    ) -> Result<Tensor> {
+        let block = &self.blocks[layer];
+        let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
+        let ops = Ops::Differentiable;
+        let x = (x + block.o.forward(attn, lora(Target::O), ops)?)?;
+        let h = self.mlp_hidden(block, &x, layer, adapter, ops)?;
+        Ok((frozen::constant_dot(&x, g)? + block.down.dot(&h, lora(Target::Down), g)?)?)
+    }
+
     fn mlp(
+        &self,
+        block: &Block,
+        x: &Tensor,
+        layer: usize,
+        adapter: Option<&LoraAdapter>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let lora = adapter.and_then(|a| a.get(layer, Target::Down).map(|p| (p, a.scale())));
+        let h = self.mlp_hidden(block, x, layer, adapter, ops)?;
+        block.down.forward(&h, lora, ops)
+    }
+
+    /// The MLP's hidden activations `silu(gate(norm(x))) · up(norm(x))`, `[n, intermediate]`:
+    /// the input of its down projection.
+    fn mlp_hidden(
         &self,
         block: &Block,
         x: &Tensor,
@@ -877,9 +936,9 @@ impl LlamaModel {
     ) -> Result<Tensor> {
         let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
         let hn = rms_norm(x, &block.mlp_norm, self.cfg.rms_norm_eps, ops)?;
-        let gate = block.gate.forward(&hn, lora(Target::Gate), ops)?.silu()?;
+        let gate = block.gate.forward(&hn, lora(Target::Gate), ops)?;
         let up = block.up.forward(&hn, lora(Target::Up), ops)?;
-        block.down.forward(&(gate * up)?, lora(Target::Down), ops)
+        swiglu::swiglu(&gate, &up)
     }
 
     /// The final-norm hidden states of `tokens: [b, t]` starting at position `start`, as

@@ -11,6 +11,14 @@
 //!   / wall time from submission to the last token (prefills included);
 //! * **time to first token** of a batch-1 request, and the process's **peak RSS**.
 //!
+//! These run with the engine's prefix cache off, so that every request pays its whole
+//! prefill, as llama.cpp's side (reset before each request) does. The prefix cache is then
+//! measured on its own: **8 agents, one prompt** (a GRPO group sampled as 8 separate requests,
+//! as 8 rollouts of one task reach the engine), the same prompt submitted 8 times at once
+//! (`n = 1`, temperature 1, seeds 0–7), every generated token / wall time, and the engine's
+//! prefill seconds, with the cache off and on (`EngineConfig::prefix_cache_tokens` at its
+//! default).
+//!
 //! Every decode ignores the end-of-sequence token so that each run generates exactly
 //! `--decode-tokens` tokens per row.
 //!
@@ -74,6 +82,21 @@ struct Ours {
     concurrent32_tokens_per_s: f64,
     ttft_s: f64,
     peak_rss_mib: f64,
+    /// 8 agents, one prompt, prefix cache off.
+    agents8_cache_off: Agents8,
+    /// The same with the prefix cache on.
+    agents8_cache_on: Agents8,
+}
+
+/// One run of "8 agents, one prompt".
+#[derive(Debug, Serialize)]
+struct Agents8 {
+    tokens_per_s: f64,
+    wall_s: f64,
+    /// Seconds the engine spent prefilling (its `prefill_micros`).
+    prefill_s: f64,
+    /// Prompt tokens served from the prefix cache.
+    cache_hit_tokens: u64,
 }
 
 /// llama.cpp's side (from scripts/bench/bench_llama_cpp.py).
@@ -111,10 +134,22 @@ fn run_request(
     n: usize,
     max_tokens: usize,
 ) -> anyhow::Result<Timing> {
+    run_seeded(engine, prompt, n, max_tokens, None)
+}
+
+/// [`run_request`] sampling at temperature 1 with `seed` when given (greedy for `n = 1`
+/// otherwise).
+fn run_seeded(
+    engine: &Engine,
+    prompt: &[u32],
+    n: usize,
+    max_tokens: usize,
+    seed: Option<u64>,
+) -> anyhow::Result<Timing> {
     let params = SamplingParams {
-        temperature: if n > 1 { 1.0 } else { 0.0 },
+        temperature: if n > 1 || seed.is_some() { 1.0 } else { 0.0 },
         n,
-        seed: Some(0),
+        seed: Some(seed.unwrap_or(0)),
         max_tokens: Some(max_tokens),
         ignore_eos: true,
         ..Default::default()
@@ -203,9 +238,52 @@ fn spider_prompts(
     Ok(prompts)
 }
 
+/// 8 requests of `prompt` submitted at once (seeds 0–7), on `engine`.
+fn agents8(engine: &Engine, prompt: &[u32], decode_tokens: usize) -> anyhow::Result<Agents8> {
+    let stats = engine.stats();
+    let prefill0 = stats
+        .prefill_micros
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let hits0 = stats
+        .prefix_cache_hit_tokens
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..8u64)
+        .map(|seed| {
+            let engine = engine.clone();
+            let p = prompt.to_vec();
+            std::thread::spawn(move || {
+                run_seeded(&engine, &p, 1, decode_tokens, Some(seed)).map(|t| t.tokens)
+            })
+        })
+        .collect();
+    let mut generated = 0;
+    for h in handles {
+        generated += h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let stats = engine.stats();
+    Ok(Agents8 {
+        tokens_per_s: generated as f64 / wall,
+        wall_s: wall,
+        prefill_s: (stats
+            .prefill_micros
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - prefill0) as f64
+            / 1e6,
+        cache_hit_tokens: stats
+            .prefix_cache_hit_tokens
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - hits0,
+    })
+}
+
 /// Every measurement of the module docs on one engine.
 fn measure(
     engine: &Engine,
+    cached: &Engine,
     weights: &str,
     prompts: &[Vec<u32>],
     args: &LlmBenchArgs,
@@ -250,6 +328,12 @@ fn measure(
             .map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
     }
     let concurrent32 = generated as f64 / t0.elapsed().as_secs_f64();
+    eprintln!("[{weights}] 8 agents, one prompt: prefix cache off, then on …");
+    let agents8_cache_off = agents8(engine, main_prompt, args.decode_tokens)?;
+    // A different prompt than any the cached engine has seen, then the measured one: the
+    // first of its 8 requests prefills in full, as a new task's first rollout does.
+    run_request(cached, &prompts[1], 1, 1)?;
+    let agents8_cache_on = agents8(cached, main_prompt, args.decode_tokens)?;
     Ok(Ours {
         weights: weights.to_string(),
         threads,
@@ -261,6 +345,8 @@ fn measure(
         ttft_s: ttft,
         peak_rss_mib: crate::out::rss::peak_rss_bytes()
             .map_or(0.0, |b| b as f64 / (1024.0 * 1024.0)),
+        agents8_cache_off,
+        agents8_cache_on,
     })
 }
 
@@ -329,16 +415,24 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
         if prompts.is_empty() {
             prompts = spider_prompts(args, &loaded, 32)?;
         }
+        let config = EngineConfig {
+            model_name: args.model.to_string(),
+            max_batch_rows: 64,
+            ..EngineConfig::default()
+        };
+        // The same weights (the tensors are shared, not copied) behind a second engine that
+        // keeps the prefix cache.
+        let cached = Engine::start(loaded.clone(), config.clone())?;
         let engine = Engine::start(
             loaded,
             EngineConfig {
-                model_name: args.model.to_string(),
-                max_batch_rows: 64,
-                ..EngineConfig::default()
+                prefix_cache_tokens: 0,
+                ..config
             },
         )?;
-        let result = measure(&engine, name, &prompts, args);
+        let result = measure(&engine, &cached, name, &prompts, args);
         engine.shutdown();
+        cached.shutdown();
         ours.push(result?);
     }
     let llama_cpp = match (&args.llama_cpp_python, &files) {
@@ -429,5 +523,23 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
     println!(
         "(ratio = agl / llama.cpp; for the group and concurrent rows llama.cpp's figure is its batch-1 decode; peak RSS is the process's, so a later column includes the earlier ones)"
     );
+    println!(
+        "8 agents, one prompt (8 requests at once): prefix cache off → on (agl only; the rows above ran with it off)"
+    );
+    for o in &report.agl {
+        let (off, on) = (&o.agents8_cache_off, &o.agents8_cache_on);
+        println!(
+            "  agl {:<4} {:>7.1} → {:>7.1} tokens/s ({:.2}×), wall {:.1} → {:.1} s, prefill {:.2} → {:.2} s, {} prompt tokens from the cache",
+            o.weights,
+            off.tokens_per_s,
+            on.tokens_per_s,
+            on.tokens_per_s / off.tokens_per_s,
+            off.wall_s,
+            on.wall_s,
+            off.prefill_s,
+            on.prefill_s,
+            on.cache_hit_tokens
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

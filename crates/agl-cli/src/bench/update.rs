@@ -24,6 +24,11 @@
 //! Peak RSS per way: the kernel's high-water mark (`VmHWM`) reset before each
 //! (`/proc/self/clear_refs`), so each figure includes the model's weights.
 //!
+//! The process is set up as `agl train --agent llm`'s is (`RAYON_NUM_THREADS` pinned, mimalloc
+//! keeping freed memory: `pin_thread_count` in `main.rs`), so the figures are the training
+//! run's (before that was so, the bench paid for page zeroing and thread-count lookups that
+//! training does not; `docs/benchmarks.md` has both figures).
+//!
 //! Not for asserting a time (CI never runs it).
 
 use std::path::PathBuf;

@@ -18,11 +18,16 @@
 //!    the `[g, S]` log-probabilities and differentiated to `∂L/∂logp`; each chunk is then
 //!    recomputed and back-propagated with `sum(logp · ∂L/∂logp)` to the last hidden states.
 //! 3. **Layers, last to first**: candle's autograd differentiates a scalar, so each layer is
-//!    re-run (with the composed, differentiable ops) from its saved input as a variable and back-propagated with `sum(output ·
-//!    upstream gradient)`, giving the gradient of its input (the next upstream gradient) and
-//!    of its LoRA factors. The base weights are frozen ([`super::frozen`]).
+//!    re-run (with the composed, differentiable ops) from its saved input as a variable and
+//!    back-propagated with `sum(output · upstream gradient)`, giving the gradient of its input
+//!    (the next upstream gradient) and of its LoRA factors. The base weights are frozen
+//!    ([`super::frozen`]). The re-run stops at the MLP's down projection: that scalar's
+//!    down-projection part is `sum(h · (g W_down))` for the projection's input `h`, whose
+//!    gradient `g W_down` is what back-propagating through `h W_downᵀ` would compute, so the
+//!    product itself (a third of the MLP's work) is not recomputed.
 //!
-//! Each layer runs forward twice (once more than a plain backward), and one layer's graph
+//! Each layer runs forward twice (once more than a plain backward, less the down
+//! projection), and one layer's graph
 //! (tensors of `tokens × width`, no attention scores) is alive at a time. Memory: the saved
 //! stream, `layers · tokens · hidden` floats, plus one layer's graph and one head chunk.
 //!
@@ -136,6 +141,45 @@ impl LlamaModel {
         adapter: Option<&LoraAdapter>,
         ops: Ops,
     ) -> Result<(Tensor, Tensor)> {
+        let (op, os) = self.prefixed_attention(layer, xp, xs, (p, g, s), adapter, ops)?;
+        Ok((
+            self.finish_layer(layer, xp, &op, adapter, ops)?,
+            self.finish_layer(layer, xs, &os, adapter, ops)?,
+        ))
+    }
+
+    /// `sum(yp · gp) + sum(ys · gs)` for layer `layer`'s outputs as [`Self::prefixed_layer`]
+    /// computes them with [`Ops::Differentiable`], up to a term constant in the layer's inputs
+    /// and LoRA factors: the scalar the backward pass differentiates, formed without the MLP's
+    /// down projection ([`LlamaModel::finish_layer_dot`]).
+    #[allow(clippy::too_many_arguments)]
+    fn prefixed_layer_dot(
+        &self,
+        layer: usize,
+        xp: &Tensor,
+        xs: &Tensor,
+        dims: (usize, usize, usize),
+        adapter: Option<&LoraAdapter>,
+        gp: &Tensor,
+        gs: &Tensor,
+    ) -> Result<Tensor> {
+        let (op, os) =
+            self.prefixed_attention(layer, xp, xs, dims, adapter, Ops::Differentiable)?;
+        Ok((self.finish_layer_dot(layer, xp, &op, adapter, gp)?
+            + self.finish_layer_dot(layer, xs, &os, adapter, gs)?)?)
+    }
+
+    /// Layer `layer`'s attention outputs (before the output projection) for the prefix, `[P,
+    /// heads · head_dim]`, and the continuations, `[g·S, heads · head_dim]`.
+    fn prefixed_attention(
+        &self,
+        layer: usize,
+        xp: &Tensor,
+        xs: &Tensor,
+        (p, g, s): (usize, usize, usize),
+        adapter: Option<&LoraAdapter>,
+        ops: Ops,
+    ) -> Result<(Tensor, Tensor)> {
         let cfg = &self.cfg;
         let (kvh, hd, groups) = (cfg.num_key_value_heads, cfg.head_dim, cfg.kv_groups());
         let width = cfg.num_attention_heads * hd;
@@ -152,10 +196,7 @@ impl LlamaModel {
         let keys = Tensor::cat(&[&kp.broadcast_as(shape)?, &ks], 2)?;
         let values = Tensor::cat(&[&vp.broadcast_as(shape)?, &vs], 2)?;
         let os = causal_attention(&qs, &keys, &values, p, groups)?.reshape((g * s, width))?;
-        Ok((
-            self.finish_layer(layer, xp, &op, adapter, ops)?,
-            self.finish_layer(layer, xs, &os, adapter, ops)?,
-        ))
+        Ok((op, os))
     }
 
     /// Both parts' queries, keys and values at layer `layer`.
@@ -324,15 +365,15 @@ impl LlamaModel {
         let dims = (p, g, s);
         for (layer, (xp, xs)) in saved.iter().enumerate().rev() {
             let (xp, xs) = (Var::from_tensor(xp)?, Var::from_tensor(xs)?);
-            let (yp, ys) = self.prefixed_layer(
+            let surrogate = self.prefixed_layer_dot(
                 layer,
                 xp.as_tensor(),
                 xs.as_tensor(),
                 dims,
                 Some(adapter),
-                Ops::Differentiable,
+                &gp,
+                &gs,
             )?;
-            let surrogate = ((yp * &gp)?.sum_all()? + (ys * &gs)?.sum_all()?)?;
             let grads = surrogate.backward()?;
             collect_lora(&mut lora, &grads, adapter, layer)?;
             gp = grad_or_zeros(&grads, xp.as_tensor())?;

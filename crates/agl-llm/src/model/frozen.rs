@@ -8,6 +8,9 @@
 //! the end of the backward pass: for Qwen2.5-1.5B, the whole model's size again. [`FrozenMatmul`]
 //! is a custom op whose backward returns `∂L/∂x = ∂L/∂y · W` and nothing else.
 //!
+//! [`constant_dot`] is the other half of a frozen product in a surrogate loss: `sum(x ⊙ c)`
+//! for a known constant `c`, whose backward hands `x` the gradient `c` directly.
+//!
 //! Not responsible for the LoRA factors (ordinary candle ops, so they get gradients).
 
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
@@ -36,6 +39,75 @@ pub(super) fn frozen_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         return Ok(dense_matmul(x, w)?);
     }
     Ok(x.contiguous()?.apply_op1(FrozenMatmul { w: w.clone() })?)
+}
+
+/// `sum(x ⊙ c)` for a constant `c` shaped like `x`: a scalar whose backward pass hands `x` the
+/// gradient `c` (scaled by the upstream gradient, which is 1 in a surrogate's sum) without a
+/// pass over either tensor. The surrogate of a product whose upstream gradient is known: for
+/// `y = x Wᵀ` against `g`, `sum(y ⊙ g) = sum(x ⊙ g W)`, so `x` gets exactly the gradient
+/// back-propagating through `y` would give it, and `y` is never formed
+/// (`LlamaModel::finish_layer_dot`). Elsewhere than on the CPU in f32, candle's own ops.
+pub(super) fn constant_dot(x: &Tensor, c: &Tensor) -> Result<Tensor> {
+    if !matches!(x.device(), Device::Cpu)
+        || x.dtype() != candle_core::DType::F32
+        || c.dtype() != candle_core::DType::F32
+        || x.shape() != c.shape()
+    {
+        return Ok((x * c)?.sum_all()?);
+    }
+    Ok(x.contiguous()?
+        .apply_op1(ConstantDot { c: c.contiguous()? })?)
+}
+
+/// The op of [`constant_dot`]: `c` is captured, `x` is the op's one argument.
+struct ConstantDot {
+    c: Tensor,
+}
+
+impl CustomOp1 for ConstantDot {
+    fn name(&self) -> &'static str {
+        "agl-constant-dot"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(x) = storage else {
+            candle_core::bail!("agl-constant-dot takes f32 tensors");
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("agl-constant-dot takes a contiguous tensor");
+        };
+        let (c_storage, c_layout) = self.c.storage_and_layout();
+        let candle_core::Storage::Cpu(CpuStorage::F32(c)) = &*c_storage else {
+            candle_core::bail!("agl-constant-dot's constant must be f32 on the CPU");
+        };
+        let Some((c_start, c_end)) = c_layout.contiguous_offsets() else {
+            candle_core::bail!("agl-constant-dot's constant must be contiguous");
+        };
+        let sum: f64 = x[start..end]
+            .iter()
+            .zip(&c[c_start..c_end])
+            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+            .sum();
+        Ok((CpuStorage::F32(vec![sum as f32]), Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let scale = grad_res.to_scalar::<f32>()?;
+        Ok(Some(if scale == 1.0 {
+            self.c.clone()
+        } else {
+            (&self.c * f64::from(scale))?
+        }))
+    }
 }
 
 /// The custom op: the weight `[out, in]` is captured, the input is the op's one argument.
@@ -71,6 +143,38 @@ impl CustomOp1 for FrozenMatmul {
 mod tests {
     use super::*;
     use candle_core::Var;
+
+    #[test]
+    fn a_constant_dot_gives_the_gradient_of_the_product_it_stands_for() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1.0, (5, 3), &dev).unwrap();
+        let g = Tensor::randn(0f32, 1.0, (4, 5), &dev).unwrap();
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (4, 3), &dev).unwrap()).unwrap();
+        // sum((x Wᵀ) ⊙ g) and sum(x ⊙ g W): the same value and the same gradient in x,
+        // also scaled (3 ·) and added to another term, as in a surrogate.
+        let y = frozen_matmul(x.as_tensor(), &w).unwrap();
+        let plain = ((y * &g).unwrap().sum_all().unwrap() * 3.0).unwrap();
+        let ours = (constant_dot(x.as_tensor(), &g.matmul(&w).unwrap()).unwrap() * 3.0).unwrap();
+        let (a, b) = (
+            plain.to_scalar::<f32>().unwrap(),
+            ours.to_scalar::<f32>().unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{a} vs {b}");
+        let extra = x.as_tensor().sum_all().unwrap();
+        let g_plain = (plain + &extra).unwrap().backward().unwrap();
+        let g_ours = (ours + &extra).unwrap().backward().unwrap();
+        let d = (g_plain.get(x.as_tensor()).unwrap() - g_ours.get(x.as_tensor()).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(d < 1e-5, "gradients differ by {d}");
+        // A shape mismatch falls back to candle's ops (and their error).
+        assert!(constant_dot(x.as_tensor(), &g).is_err());
+    }
 
     #[test]
     fn the_input_gradient_is_candles_and_the_weight_gets_none() {
