@@ -1035,6 +1035,17 @@ fn cpu_tensor(
     Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)
 }
 
+/// The largest absolute difference between two f32 tensors of one shape (the custom ops'
+/// tests).
+#[cfg(test)]
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.max_all())
+        .and_then(|d| d.to_scalar::<f32>())
+        .expect("tensors of one shape")
+}
+
 /// A tensor as a custom op's CPU output: its f32 data and shape.
 fn cpu_storage(t: &Tensor) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
     let shape = t.shape().clone();

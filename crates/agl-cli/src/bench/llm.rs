@@ -238,6 +238,31 @@ fn spider_prompts(
     Ok(prompts)
 }
 
+/// `requests` (a prompt and [`run_seeded`]'s seed each, `n = 1`) submitted at once from one
+/// thread each; the tokens they generated.
+fn concurrent(
+    engine: &Engine,
+    requests: Vec<(Vec<u32>, Option<u64>)>,
+    decode_tokens: usize,
+) -> anyhow::Result<usize> {
+    let handles: Vec<_> = requests
+        .into_iter()
+        .map(|(p, seed)| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                run_seeded(&engine, &p, 1, decode_tokens, seed).map(|t| t.tokens)
+            })
+        })
+        .collect();
+    let mut generated = 0;
+    for h in handles {
+        generated += h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
+    }
+    Ok(generated)
+}
+
 /// 8 requests of `prompt` submitted at once (seeds 0–7), on `engine`.
 fn agents8(engine: &Engine, prompt: &[u32], decode_tokens: usize) -> anyhow::Result<Agents8> {
     let stats = engine.stats();
@@ -248,21 +273,10 @@ fn agents8(engine: &Engine, prompt: &[u32], decode_tokens: usize) -> anyhow::Res
         .prefix_cache_hit_tokens
         .load(std::sync::atomic::Ordering::Relaxed);
     let t0 = Instant::now();
-    let handles: Vec<_> = (0..8u64)
-        .map(|seed| {
-            let engine = engine.clone();
-            let p = prompt.to_vec();
-            std::thread::spawn(move || {
-                run_seeded(&engine, &p, 1, decode_tokens, Some(seed)).map(|t| t.tokens)
-            })
-        })
+    let requests: Vec<_> = (0..8u64)
+        .map(|seed| (prompt.to_vec(), Some(seed)))
         .collect();
-    let mut generated = 0;
-    for h in handles {
-        generated += h
-            .join()
-            .map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
-    }
+    let generated = concurrent(engine, requests, decode_tokens)?;
     let wall = t0.elapsed().as_secs_f64();
     let stats = engine.stats();
     Ok(Agents8 {
@@ -312,21 +326,8 @@ fn measure(
     }
     eprintln!("[{weights}] {} concurrent requests …", prompts.len());
     let t0 = Instant::now();
-    let handles: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            let engine = engine.clone();
-            let p = p.clone();
-            let n = args.decode_tokens;
-            std::thread::spawn(move || run_request(&engine, &p, 1, n).map(|t| t.tokens))
-        })
-        .collect();
-    let mut generated = 0;
-    for h in handles {
-        generated += h
-            .join()
-            .map_err(|_| anyhow::anyhow!("a request thread panicked"))??;
-    }
+    let requests = prompts.iter().map(|p| (p.clone(), None)).collect();
+    let generated = concurrent(engine, requests, args.decode_tokens)?;
     let concurrent32 = generated as f64 / t0.elapsed().as_secs_f64();
     eprintln!("[{weights}] 8 agents, one prompt: prefix cache off, then on …");
     let agents8_cache_off = agents8(engine, main_prompt, args.decode_tokens)?;

@@ -163,14 +163,10 @@ mod tests {
         let extra = x.as_tensor().sum_all().unwrap();
         let g_plain = (plain + &extra).unwrap().backward().unwrap();
         let g_ours = (ours + &extra).unwrap().backward().unwrap();
-        let d = (g_plain.get(x.as_tensor()).unwrap() - g_ours.get(x.as_tensor()).unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let d = super::super::max_abs_diff(
+            g_plain.get(x.as_tensor()).unwrap(),
+            g_ours.get(x.as_tensor()).unwrap(),
+        );
         assert!(d < 1e-5, "gradients differ by {d}");
         // A shape mismatch falls back to candle's ops (and their error).
         assert!(constant_dot(x.as_tensor(), &g).is_err());
@@ -185,8 +181,7 @@ mod tests {
             let up = Tensor::randn(0f32, 1.0, (rows, 5), &dev).unwrap();
             let ours = frozen_matmul(x.as_tensor(), &w).unwrap();
             let plain = x.as_tensor().matmul(&w.t().unwrap()).unwrap();
-            let d = (&ours - &plain).unwrap().abs().unwrap().max_all().unwrap();
-            assert!(d.to_scalar::<f32>().unwrap() < 1e-5);
+            assert!(super::super::max_abs_diff(&ours, &plain) < 1e-5);
             let g_ours = (ours * &up).unwrap().sum_all().unwrap().backward().unwrap();
             let g_plain = (plain * &up)
                 .unwrap()
@@ -196,8 +191,7 @@ mod tests {
                 .unwrap();
             let a = g_ours.get(x.as_tensor()).unwrap();
             let b = g_plain.get(x.as_tensor()).unwrap();
-            let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-            assert!(d.to_scalar::<f32>().unwrap() < 1e-5, "rows {rows}");
+            assert!(super::super::max_abs_diff(a, b) < 1e-5, "rows {rows}");
             // candle's matmul leaves a gradient for the transposed weight ([in, out]) in the
             // store; ours computes none.
             let weight_like = |g: &candle_core::backprop::GradStore| {

@@ -132,16 +132,7 @@ mod tests {
         let up = Tensor::randn(0f32, 1.0, (n,), &dev).unwrap();
         let ours = swiglu(a.as_tensor(), b.as_tensor()).unwrap();
         let plain = (a.as_tensor().silu().unwrap() * b.as_tensor()).unwrap();
-        let max_diff = |x: &Tensor, y: &Tensor| {
-            (x - y)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
+        let max_diff = super::super::max_abs_diff;
         assert_eq!(
             max_diff(&ours, &plain),
             0.0,
