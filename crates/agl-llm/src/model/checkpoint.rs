@@ -26,10 +26,10 @@
 //!    gradient `g W_down` is what back-propagating through `h W_downᵀ` would compute, so the
 //!    product itself (a third of the MLP's work) is not recomputed.
 //!
-//! Each layer runs forward twice (once more than a plain backward, less the down
-//! projection), and one layer's graph
-//! (tensors of `tokens × width`, no attention scores) is alive at a time. Memory: the saved
-//! stream, `layers · tokens · hidden` floats, plus one layer's graph and one head chunk.
+//! Each layer runs forward twice (once more than a plain backward, less the down projection),
+//! and one layer's graph (tensors of `tokens × width`, no attention scores) is alive at a
+//! time. Memory: the saved stream, `layers · tokens · hidden` floats, plus one layer's graph
+//! and one head chunk.
 //!
 //! Not responsible for the loss (the caller's closure) or the optimizer.
 
