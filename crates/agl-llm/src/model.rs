@@ -99,10 +99,7 @@ impl Linear {
         };
         match lora {
             None => Ok(y),
-            Some((p, s)) => {
-                let delta = x.matmul(&p.a.t()?)?.matmul(&p.b.t()?)?;
-                Ok((y + (delta * s)?)?)
-            }
+            Some((p, s)) => Ok((y + lora_delta(x, p, s)?)?),
         }
     }
 
@@ -120,10 +117,7 @@ impl Linear {
         };
         match lora {
             None => Ok(base),
-            Some((p, s)) => {
-                let delta = x.matmul(&p.a.t()?)?.matmul(&p.b.t()?)?;
-                Ok((base + ((delta * s)? * g)?.sum_all()?)?)
-            }
+            Some((p, s)) => Ok((base + (lora_delta(x, p, s)? * g)?.sum_all()?)?),
         }
     }
 
@@ -141,6 +135,20 @@ impl Linear {
             bias: self.bias.clone(),
         })
     }
+}
+
+/// LoRA's contribution to a linear layer's output: `s · (x Aᵀ) Bᵀ`, `x: [n, in]` → `[n, out]`.
+fn lora_delta(x: &Tensor, p: &LoraPair, s: f64) -> Result<Tensor> {
+    Ok((x.matmul(&p.a.t()?)?.matmul(&p.b.t()?)? * s)?)
+}
+
+/// Layer `layer`'s LoRA pair for `target` and the adapter's scale, when `adapter` has one.
+fn lora_of(
+    adapter: Option<&LoraAdapter>,
+    layer: usize,
+    target: Target,
+) -> Option<(&LoraPair, f64)> {
+    adapter.and_then(|a| a.get(layer, target).map(|p| (p, a.scale())))
 }
 
 /// One decoder layer's weights.
@@ -780,7 +788,7 @@ impl LlamaModel {
             cfg.head_dim,
         );
         for (layer, block) in self.blocks.iter().enumerate() {
-            let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
+            let lora = |t: Target| lora_of(adapter, layer, t);
             let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, Ops::Fused)?;
             let q = block.q.forward(&hn, lora(Target::Q), Ops::Fused)?;
             let k = block.k.forward(&hn, lora(Target::K), Ops::Fused)?;
@@ -854,7 +862,7 @@ impl LlamaModel {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let cfg = &self.cfg;
         let block = &self.blocks[layer];
-        let lora = |tg: Target| adapter.and_then(|a| a.get(layer, tg).map(|p| (p, a.scale())));
+        let lora = |tg: Target| lora_of(adapter, layer, tg);
         let (h, kvh, hd) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -884,7 +892,7 @@ impl LlamaModel {
         ops: Ops,
     ) -> Result<Tensor> {
         let block = &self.blocks[layer];
-        let lora = adapter.and_then(|a| a.get(layer, Target::O).map(|p| (p, a.scale())));
+        let lora = lora_of(adapter, layer, Target::O);
         let x = (x + block.o.forward(attn, lora, ops)?)?;
         Ok((&x + self.mlp(block, &x, layer, adapter, ops)?)?)
     }
@@ -904,7 +912,7 @@ impl LlamaModel {
         g: &Tensor,
     ) -> Result<Tensor> {
         let block = &self.blocks[layer];
-        let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
+        let lora = |t: Target| lora_of(adapter, layer, t);
         let ops = Ops::Differentiable;
         let x = (x + block.o.forward(attn, lora(Target::O), ops)?)?;
         let h = self.mlp_hidden(block, &x, layer, adapter, ops)?;
@@ -919,7 +927,7 @@ impl LlamaModel {
         adapter: Option<&LoraAdapter>,
         ops: Ops,
     ) -> Result<Tensor> {
-        let lora = adapter.and_then(|a| a.get(layer, Target::Down).map(|p| (p, a.scale())));
+        let lora = lora_of(adapter, layer, Target::Down);
         let h = self.mlp_hidden(block, x, layer, adapter, ops)?;
         block.down.forward(&h, lora, ops)
     }
@@ -934,7 +942,7 @@ impl LlamaModel {
         adapter: Option<&LoraAdapter>,
         ops: Ops,
     ) -> Result<Tensor> {
-        let lora = |t: Target| adapter.and_then(|a| a.get(layer, t).map(|p| (p, a.scale())));
+        let lora = |t: Target| lora_of(adapter, layer, t);
         let hn = rms_norm(x, &block.mlp_norm, self.cfg.rms_norm_eps, ops)?;
         let gate = block.gate.forward(&hn, lora(Target::Gate), ops)?;
         let up = block.up.forward(&hn, lora(Target::Up), ops)?;
