@@ -12,6 +12,7 @@ pub mod resources;
 pub mod rollout;
 pub mod semconv;
 pub mod span;
+pub mod template;
 pub mod triplet;
 
 pub use error::CoreError;
@@ -33,4 +34,5 @@ pub use span::{
     AttributeValue, Attributes, OtelResource, Span, SpanContext, SpanEvent, SpanLink, SpanStatus,
     StatusCode,
 };
+pub use template::{FStringTemplate, TemplateError};
 pub use triplet::Triplet;

@@ -4,7 +4,7 @@
 //! the `Resource` union tagged by `resource_type` (`"llm"`, `"proxy_llm"`,
 //! `"prompt_template"`), `NamedResources` and `ResourcesUpdate`, plus the proxy-LLM URL rewrite
 //! (`ProxyLLM.get_base_url`). Not responsible for versioning or storage (see `agl-store`) nor
-//! for rendering prompt templates.
+//! for rendering prompt templates ([`crate::template`]).
 
 use std::collections::BTreeMap;
 

@@ -66,6 +66,10 @@
 //! triplet per call, token ids as recorded); `adapt_for_training` refuses calls without token ids
 //! and reports them in a [`TripletReport`].
 //!
+//! [`TraceToMessages`] is Agent Lightning's span→messages adapter: one OpenAI chat conversation
+//! per LLM call. [`apo`] is Automatic Prompt Optimization (Agent Lightning's beam search with
+//! textual gradients) over any [`apo::PromptEvaluator`] and OpenAI-compatible optimiser.
+//!
 //! [`paired()`] (module [`mod@paired`]) compares two evaluations of the same questions (a 95% paired bootstrap interval
 //! of the difference, McNemar's exact test).
 //!
@@ -73,6 +77,7 @@
 //! environment. Each module's docs list where and why agl deliberately differs from the Python
 //! original; `python_compat` switches reproduce the Python numbers.
 
+pub mod apo;
 pub mod checkpoint;
 pub mod dataset;
 pub mod demonstrations;
@@ -87,6 +92,7 @@ pub mod learner;
 pub mod llm_grpo;
 pub mod llm_loop;
 pub mod llm_sft;
+pub mod messages_adapter;
 pub mod paired;
 pub mod reward;
 pub mod rollout_batch;
@@ -123,6 +129,7 @@ pub use llm_loop::{
     TRAINER_STATE, TrainerState, policy_version, save_checkpoint,
 };
 pub use llm_sft::{DEFAULT_TOP_FRACTION, LlmSft, LlmSftConfig, select_top_fraction};
+pub use messages_adapter::{Conversation, MessagesReport, TraceToMessages};
 pub use paired::{Paired, paired};
 pub use reward::{
     BaseRewardFn, CompositeReward, PolicyReward, RewardBreakdown, RewardComponent, RewardConfig,

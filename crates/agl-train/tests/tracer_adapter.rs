@@ -605,3 +605,46 @@ fn forced_positions_land_in_the_triplet_and_bad_ones_are_refused_for_training() 
     .unwrap();
     assert_eq!(old.refused_invalid_forced_positions, 0);
 }
+
+#[test]
+fn trace_to_messages_gives_openai_chat_conversations() {
+    use agl_train::TraceToMessages;
+    let mut roleless = tool_turn_call("t2", None);
+    roleless.sequence_id = 2;
+    roleless.start_time = Some(3.0);
+    roleless.end_time = Some(4.0);
+    roleless.attributes.remove("gen_ai.prompt.2.role");
+    let report = TraceToMessages::default()
+        .adapt(&[tool_turn_call("t1", None), roleless])
+        .unwrap();
+    assert_eq!(report.conversations.len(), 2);
+    let c = &report.conversations[0];
+    assert_eq!(
+        c.messages,
+        [
+            json!({"role": "user", "content": "How many singers and stadiums?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                "type": "function", "function": {"name": "count_rows",
+                "arguments": "{\"table\":\"singer\"}"}}]}),
+            json!({"role": "tool", "content": "6", "tool_call_id": "call_1"}),
+            json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_2",
+                "type": "function", "function": {"name": "count_rows",
+                "arguments": "{\"table\":\"stadium\"}"}}]}),
+        ]
+    );
+    assert_eq!(
+        c.tools.as_deref().unwrap(),
+        [
+            json!({"type": "function", "function": {"name": "count_rows",
+            "description": "Rows of a table", "parameters": {"type": "object",
+            "properties": {"table": {"type": "string"}}}}})
+        ]
+    );
+    // The tool result without a role is left out and counted (Agent Lightning: KeyError).
+    assert_eq!(report.conversations[1].messages.len(), 3);
+    assert_eq!(report.dropped_messages, 1);
+    assert!(matches!(
+        TraceToMessages::default().adapt(&[]),
+        Err(TrainError::EmptyTrace)
+    ));
+}
