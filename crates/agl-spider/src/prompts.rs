@@ -5,7 +5,10 @@
 //! - **write** ([`write_messages`]): a system prompt for an agent that writes one SQLite query,
 //!   with the rules (only tables and columns of the schema, one read-only statement), the
 //!   schema ([`render_schema`], at most [`SCHEMA_MAX_CHARS`] characters) and the output format
-//!   (exactly one fenced ```` ```sql ```` block); the user message is the question;
+//!   (exactly one fenced ```` ```sql ```` block); the user message is the question, from the
+//!   `f-string` template [`WRITE_USER_TEMPLATE`] unless the rollout's resources hold another
+//!   ([`write_messages_with`]: the template APO optimises, with the fields `{question}` and
+//!   `{schema}`);
 //! - **check** ([`check_messages`]): an "SQL expert" reviews the query against a checklist of
 //!   common mistakes and the execution result ([`render_result`], at most
 //!   [`RESULT_MAX_CHARS`] characters), must not write a fixed query, and ends with an all-caps
@@ -182,6 +185,32 @@ fn fenced(sql: &str) -> String {
 /// Ends the write prompt's user message: small models follow the output format far more
 /// often when it is repeated next to the question.
 const ANSWER_REMINDER: &str = "Answer with one SQLite query in a ```sql block.";
+
+/// The write prompt's user message as an `f-string` template (Python `str.format`, fields
+/// `{question}` and `{schema}`): what [`write_messages`] writes, and the seed of APO.
+pub const WRITE_USER_TEMPLATE: &str =
+    "Question: {question}\nAnswer with one SQLite query in a ```sql block.";
+
+/// The fields a write template may use.
+pub const WRITE_TEMPLATE_FIELDS: [&str; 2] = ["question", "schema"];
+
+/// [`write_messages`] with the user message rendered from `template` (fields
+/// [`WRITE_TEMPLATE_FIELDS`]: the question trimmed, the schema as given); with
+/// [`WRITE_USER_TEMPLATE`] the result is byte-identical to [`write_messages`]'s.
+///
+/// # Errors
+/// The template uses another field (the error names it and its line and column).
+pub fn write_messages_with(
+    template: &agl_core::FStringTemplate,
+    schema: &str,
+    question: &str,
+) -> Result<Vec<PromptMessage>, agl_core::TemplateError> {
+    let user = template.render(&[("question", question.trim()), ("schema", schema)])?;
+    Ok(vec![
+        PromptMessage::system(writer_system(schema)),
+        PromptMessage::user(user),
+    ])
+}
 
 /// The write prompt: the system prompt (dialect, rules, `schema` as given — render it with
 /// [`render_schema`] — and the output format) and the user message `Question: <question>`
@@ -485,6 +514,26 @@ mod tests {
         assert!(
             r[1].content
                 .contains("Feedback from a reviewer:\nwrong table")
+        );
+    }
+
+    #[test]
+    fn the_write_template_renders_the_write_prompt_and_names_unknown_fields() {
+        let t = agl_core::FStringTemplate::parse(WRITE_USER_TEMPLATE).unwrap();
+        assert_eq!(
+            write_messages_with(&t, "Table t: a", " How many? ").unwrap(),
+            write_messages("Table t: a", " How many? ")
+        );
+        let t = agl_core::FStringTemplate::parse("{schema}\n\n{question} {{sql}}").unwrap();
+        assert_eq!(
+            write_messages_with(&t, "S", "Q").unwrap()[1].content,
+            "S\n\nQ {sql}"
+        );
+        let t = agl_core::FStringTemplate::parse("Q: {question}\nDB: {db}").unwrap();
+        let e = write_messages_with(&t, "S", "Q").unwrap_err().to_string();
+        assert!(
+            e.contains("line 2, column 5") && e.contains("`{db}`"),
+            "{e}"
         );
     }
 

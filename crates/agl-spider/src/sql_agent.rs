@@ -11,6 +11,13 @@
 //!                    └────────────────────────────────────────────────────────────────────┘
 //! ```
 //!
+//! - **write**'s user message comes from the rollout's `prompt_template` resource
+//!   ([`WRITE_TEMPLATE_RESOURCE`], Agent Lightning's `{"resource_type": "prompt_template",
+//!   "template", "engine": "f-string"}`) when it has one, with the fields `{question}` and
+//!   `{schema}` ([`prompts::write_messages_with`]; the template APO optimises); without one it is
+//!   [`prompts::WRITE_USER_TEMPLATE`], the same bytes. A template of another engine, one that
+//!   does not parse or that uses another field fails the attempt with one line naming the field
+//!   and its position;
 //! - **write** and **rewrite** ask the model for one ```` ```sql ```` block
 //!   ([`prompts::extract_sql`] reads it); a reply without SQL skips the check (there is nothing
 //!   to check) and goes to the rewrite with feedback saying so;
@@ -684,7 +691,11 @@ impl Agent for LlmSqlAgent {
             history: Vec::new(),
         };
         let mut last_rows: Option<ResultSet> = None;
-        let mut messages = prompts::write_messages(&schema, &q.question);
+        let mut messages = match write_template(ctx)? {
+            Some(t) => prompts::write_messages_with(&t, &schema, &q.question)
+                .map_err(|e| format!("the `{WRITE_TEMPLATE_RESOURCE}` resource: {e}"))?,
+            None => prompts::write_messages(&schema, &q.question),
+        };
         loop {
             // write_query / rewrite_query
             out.llm_calls += 1;
@@ -1032,6 +1043,35 @@ impl SqlEvalSummary {
     }
 }
 
+/// The resource name of the write prompt's template (Agent Lightning's `prompt_template`).
+pub const WRITE_TEMPLATE_RESOURCE: &str = "prompt_template";
+
+/// The write prompt's template from the rollout's resources: `None` when there is no
+/// `prompt_template` resource (the built-in prompt); an error when it is not an `f-string`
+/// template or does not parse.
+fn write_template(ctx: &StepContext) -> Result<Option<agl_core::FStringTemplate>, AgentError> {
+    let Some(resource) = ctx.resources().and_then(|r| r.get(WRITE_TEMPLATE_RESOURCE)) else {
+        return Ok(None);
+    };
+    let agl_core::Resource::PromptTemplate(t) = resource else {
+        return Err(format!(
+            "the `{WRITE_TEMPLATE_RESOURCE}` resource is a `{}`, not a prompt template",
+            resource.resource_type()
+        )
+        .into());
+    };
+    if t.engine != agl_core::PromptEngine::FString {
+        return Err(format!(
+            "the `{WRITE_TEMPLATE_RESOURCE}` resource uses the {:?} engine; the SQL agent renders \
+             f-string templates",
+            t.engine
+        )
+        .into());
+    }
+    agl_core::FStringTemplate::parse(&t.template)
+        .map(Some)
+        .map_err(|e| format!("the `{WRITE_TEMPLATE_RESOURCE}` resource: {e}").into())
+}
 #[cfg(test)]
 mod tests {
     use super::*;

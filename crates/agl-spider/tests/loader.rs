@@ -116,3 +116,25 @@ fn truncated_json_names_the_file_and_position() {
     }
     assert!(err.to_string().contains(DEV_FILE), "{err}");
 }
+
+#[test]
+fn the_default_write_template_renders_every_dev_prompt_byte_identical() {
+    use agl_spider::prompts::{
+        WRITE_USER_TEMPLATE, render_schema, write_messages, write_messages_with,
+    };
+    let ds = SpiderDataset::load(&data_root()).unwrap();
+    let template = agl_core::FStringTemplate::parse(WRITE_USER_TEMPLATE).unwrap();
+    let mut schemas = std::collections::HashMap::new();
+    for q in &ds.dev {
+        let schema = schemas
+            .entry(q.db_id.clone())
+            .or_insert_with(|| render_schema(&db_info(&q.db_id, &ds.db_path(&q.db_id)).unwrap()));
+        assert_eq!(
+            write_messages_with(&template, schema, &q.question).unwrap(),
+            write_messages(schema, &q.question),
+            "{}",
+            q.question
+        );
+    }
+    assert_eq!(ds.dev.len(), 972);
+}

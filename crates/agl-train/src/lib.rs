@@ -137,7 +137,7 @@ pub use reward::{
 };
 pub use rollout_batch::{
     BatchPlan, DEFAULT_LLM_RESOURCE, ExternalRunners, FinishedRollout, InProcessRunners,
-    RunnerPool, run_batch,
+    RunnerPool, run_batch, run_batch_with,
 };
 pub use runner::{
     Agent, AgentError, Annotation, Approved, CancellationToken, GovernedRunner, HEARTBEAT_KEY,

@@ -231,10 +231,28 @@ pub async fn run_batch<T: Serialize>(
     pool: &dyn RunnerPool,
     plan: &BatchPlan,
     tasks: &[T],
+    on_done: impl FnMut(&Rollout, Option<&Attempt>),
+) -> Result<(Vec<FinishedRollout>, f64), TrainError> {
+    run_batch_with(store, pool, plan, NamedResources::new(), tasks, on_done).await
+}
+
+/// [`run_batch`] publishing `extra` resources beside the plan's LLM resource (a
+/// `prompt_template` for APO); an `extra` resource named like the LLM resource replaces it.
+///
+/// # Errors
+/// As [`run_batch`].
+pub async fn run_batch_with<T: Serialize>(
+    store: &Arc<dyn LightningStore>,
+    pool: &dyn RunnerPool,
+    plan: &BatchPlan,
+    extra: NamedResources,
+    tasks: &[T],
     mut on_done: impl FnMut(&Rollout, Option<&Attempt>),
 ) -> Result<(Vec<FinishedRollout>, f64), TrainError> {
+    let mut resources = plan.resources();
+    resources.extend(extra);
     store
-        .update_resources(&plan.resources_id, plan.resources())
+        .update_resources(&plan.resources_id, resources)
         .await?;
     let requests = tasks
         .iter()

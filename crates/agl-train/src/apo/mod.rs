@@ -49,6 +49,7 @@
 
 pub mod openai;
 pub mod prompts;
+pub mod store_eval;
 
 use std::collections::BTreeSet;
 
@@ -63,7 +64,8 @@ use crate::CancellationToken;
 use crate::error::TrainError;
 
 pub use openai::OpenAiTextModel;
-pub use prompts::{OptimizerPrompts, PromptKind};
+pub use prompts::{OptimizerPrompt, OptimizerPrompts, PromptKind};
+pub use store_eval::{DEFAULT_TEMPLATE_RESOURCE, StoreEvaluator};
 
 /// The search's settings; [`Default`] is Agent Lightning's defaults.
 #[derive(Debug, Clone, PartialEq, Serialize)]
