@@ -154,6 +154,29 @@ fn script() -> Vec<Result<String, String>> {
     ]
 }
 
+/// The search of these tests: [`config`], versions `run-v<N>`.
+fn search<'a>(
+    seed_template: &str,
+    train: &'a [Value],
+    val: &'a [Value],
+    evaluator: &'a Scripted,
+    optimizer: &'a Optimizer,
+    prompts: &'a OptimizerPrompts,
+    stop: CancellationToken,
+) -> Apo<'a> {
+    Apo {
+        config: config(),
+        version_prefix: "run".into(),
+        seed_template: seed_template.into(),
+        train,
+        val,
+        evaluator,
+        optimizer,
+        prompts,
+        stop,
+    }
+}
+
 struct Rounds(Vec<(usize, String, Option<f64>)>);
 impl ApoObserver for Rounds {
     fn round_finished(&mut self, r: &ApoReport) {
@@ -175,17 +198,15 @@ async fn the_beam_search_follows_agent_lightnings_steps_and_keeps_the_best() {
         asked: Mutex::new(Vec::new()),
     };
     let prompts = OptimizerPrompts::builtin().unwrap();
-    let apo = Apo {
-        config: config(),
-        version_prefix: "run".into(),
-        seed_template: "Q: {question} batch=0.5 full=0.5".into(),
-        train: &train,
-        val: &val,
-        evaluator: &evaluator,
-        optimizer: &optimizer,
-        prompts: &prompts,
-        stop: CancellationToken::new(),
-    };
+    let apo = search(
+        "Q: {question} batch=0.5 full=0.5",
+        &train,
+        &val,
+        &evaluator,
+        &optimizer,
+        &prompts,
+        CancellationToken::new(),
+    );
     let mut rounds = Rounds(Vec::new());
     let report = apo.run(&mut rounds).await.unwrap();
 
@@ -345,17 +366,15 @@ async fn an_interrupted_search_reports_the_best_prompt_so_far() {
         asked: Mutex::new(Vec::new()),
     };
     let prompts = OptimizerPrompts::builtin().unwrap();
-    let apo = Apo {
-        config: config(),
-        version_prefix: "run".into(),
-        seed_template: "Q: {question} batch=0.5 full=0.5".into(),
-        train: &train,
-        val: &val,
-        evaluator: &evaluator,
-        optimizer: &optimizer,
-        prompts: &prompts,
+    let apo = search(
+        "Q: {question} batch=0.5 full=0.5",
+        &train,
+        &val,
+        &evaluator,
+        &optimizer,
+        &prompts,
         stop,
-    };
+    );
     let report = apo.run(&mut Silent).await.unwrap();
     assert!(report.interrupted);
     assert!(report.rounds.is_empty());
@@ -380,17 +399,15 @@ async fn bad_settings_and_templates_are_refused_before_anything_runs() {
         asked: Mutex::new(Vec::new()),
     };
     let prompts = OptimizerPrompts::builtin().unwrap();
-    let base = Apo {
-        config: config(),
-        version_prefix: "run".into(),
-        seed_template: "Q: {question!r}".into(),
-        train: &train,
-        val: &val,
-        evaluator: &evaluator,
-        optimizer: &optimizer,
-        prompts: &prompts,
-        stop: CancellationToken::new(),
-    };
+    let base = search(
+        "Q: {question!r}",
+        &train,
+        &val,
+        &evaluator,
+        &optimizer,
+        &prompts,
+        CancellationToken::new(),
+    );
     let e = base.run(&mut Silent).await.unwrap_err().to_string();
     assert!(
         e.contains("seed template") && e.contains("conversion"),

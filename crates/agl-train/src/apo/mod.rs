@@ -692,6 +692,26 @@ impl Apo<'_> {
             .map(|e| score(round, &e)))
     }
 
+    /// One optimiser call (the critic's settings when `critic`, else the editor's); `None`
+    /// when interrupted.
+    async fn ask(
+        &self,
+        model: &str,
+        messages: &[ChatTurn],
+        critic: bool,
+    ) -> Option<Result<Completion, String>> {
+        let temperature = if critic {
+            self.config.diversity_temperature
+        } else {
+            self.config.edit_temperature
+        };
+        tokio::select! {
+            biased;
+            () = self.stop.cancelled() => None,
+            c = self.optimizer.complete(model, messages, temperature, self.config.max_tokens) => Some(c),
+        }
+    }
+
     /// One child of `parent` from a critique of its rollouts on the training tasks `batch`.
     async fn child_of(
         &self,
@@ -722,22 +742,13 @@ impl Apo<'_> {
         let critique_prompt = self.prompts.pick(PromptKind::Critique, rng);
         let edit_prompt = self.prompts.pick(PromptKind::Edit, rng);
         let messages = critique_prompt.render_critique(&parent_template, &experiments)?;
-        let critique = tokio::select! {
-            biased;
-            () = self.stop.cancelled() => return Ok(Child::Interrupted),
-            c = self.optimizer.complete(
-                &self.config.gradient_model,
-                &messages,
-                self.config.diversity_temperature,
-                self.config.max_tokens,
-            ) => c,
-        };
-        let critique = match critique {
-            Ok(c) => {
+        let critique = match self.ask(&self.config.gradient_model, &messages, true).await {
+            None => return Ok(Child::Interrupted),
+            Some(Ok(c)) => {
                 tokens.add(&c);
                 c.text
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 return Ok(Child::Skipped(
                     tokens,
                     SkipWhy::CritiqueFailed,
@@ -757,28 +768,16 @@ impl Apo<'_> {
         }
         let parent_parsed = FStringTemplate::parse(&parent_template)
             .map_err(|e| TrainError::Config(format!("candidate {parent}: {e}")))?;
-        let placeholders: BTreeSet<String> = parent_parsed
-            .placeholders()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        let placeholders = owned_placeholders(&parent_parsed);
         let messages = edit_prompt.render_edit(&parent_template, &critique, &placeholders)?;
-        let edit = tokio::select! {
-            biased;
-            () = self.stop.cancelled() => return Ok(Child::Interrupted),
-            c = self.optimizer.complete(
-                &self.config.edit_model,
-                &messages,
-                self.config.edit_temperature,
-                self.config.max_tokens,
-            ) => c,
-        };
+        let edit = self.ask(&self.config.edit_model, &messages, false).await;
         let answer = match edit {
-            Ok(c) => {
+            None => return Ok(Child::Interrupted),
+            Some(Ok(c)) => {
                 tokens.add(&c);
                 c.text
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 return Ok(Child::Skipped(
                     tokens,
                     SkipWhy::EditFailed,
@@ -806,11 +805,7 @@ impl Apo<'_> {
                 ));
             }
         };
-        let child_placeholders: BTreeSet<String> = parsed
-            .placeholders()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        let child_placeholders = owned_placeholders(&parsed);
         if child_placeholders != placeholders {
             return Ok(Child::Skipped(
                 tokens,
@@ -878,6 +873,11 @@ fn add_skips(a: Skips, b: Skips) -> Skips {
         invalid_template: a.invalid_template + b.invalid_template,
         placeholders_differ: a.placeholders_differ + b.placeholders_differ,
     }
+}
+
+/// A template's field names, owned.
+fn owned_placeholders(t: &FStringTemplate) -> BTreeSet<String> {
+    t.placeholders().into_iter().map(str::to_string).collect()
 }
 
 /// The first `n` characters of `s`, with `…` when cut.
