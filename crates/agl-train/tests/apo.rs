@@ -271,6 +271,8 @@ async fn the_beam_search_follows_agent_lightnings_steps_and_keeps_the_best() {
     // Children made: critique and edit tokens; the round's tokens include the skipped ones.
     assert_eq!(report.candidates[1].optimizer_tokens.prompt, 200);
     assert_eq!(r1.optimizer_tokens.prompt, 100 * 6);
+    // The run's tokens: every answered call, skipped children's too (6 + 7 calls).
+    assert_eq!(report.optimizer_tokens.prompt, 100 * 13);
 
     // The evaluations, in order: the seed on the whole set, then per child its parent on a
     // training batch, then the beam and children on one validation batch, then the leader.

@@ -249,6 +249,11 @@ impl Tokens {
         self.prompt += c.prompt_tokens;
         self.completion += c.completion_tokens;
     }
+
+    fn add_tokens(&mut self, t: Tokens) {
+        self.prompt += t.prompt;
+        self.completion += t.completion;
+    }
 }
 
 /// Children that were not made, by reason.
@@ -354,9 +359,9 @@ pub struct ApoReport {
     pub best: String,
     /// Its score on the whole validation set (`None`: never scored on it).
     pub best_score: Option<f64>,
-    /// Children skipped, by reason.
+    /// Children skipped, by reason (an interrupted round's included).
     pub skips: Skips,
-    /// Optimiser tokens in all.
+    /// Optimiser tokens in all, skipped children's included.
     pub optimizer_tokens: Tokens,
     /// Whether the run was interrupted before its last round ended.
     pub interrupted: bool,
@@ -568,16 +573,16 @@ impl Apo<'_> {
                     match outcome {
                         Child::Interrupted => return Ok(self.interrupted(report)),
                         Child::Skipped(tokens, why, reason) => {
-                            round_tokens.prompt += tokens.prompt;
-                            round_tokens.completion += tokens.completion;
+                            round_tokens.add_tokens(tokens);
+                            report.optimizer_tokens.add_tokens(tokens);
                             why.count(&mut round_skips);
+                            why.count(&mut report.skips);
                             observer.child(round, None, Some(&reason));
                             tracing::warn!(round, parent = %parent, "APO: no child: {reason}");
                         }
                         Child::Made(version) => {
                             let rec = report.record(&version);
-                            round_tokens.prompt += rec.optimizer_tokens.prompt;
-                            round_tokens.completion += rec.optimizer_tokens.completion;
+                            round_tokens.add_tokens(rec.optimizer_tokens);
                             observer.child(round, Some(rec), None);
                             children.push(version);
                         }
@@ -621,7 +626,6 @@ impl Apo<'_> {
                 report.best = leader.clone();
                 report.best_score = Some(leader_score);
             }
-            report.skips = add_skips(report.skips, round_skips);
             report.rounds.push(RoundRecord {
                 round,
                 parents,
@@ -816,8 +820,7 @@ impl Apo<'_> {
                 ),
             ));
         }
-        report.optimizer_tokens.prompt += tokens.prompt;
-        report.optimizer_tokens.completion += tokens.completion;
+        report.optimizer_tokens.add_tokens(tokens);
         let version = self.version(report.candidates.len());
         report.candidates.push(CandidateRecord {
             version: version.clone(),
@@ -861,17 +864,6 @@ impl SkipWhy {
             SkipWhy::InvalidTemplate => s.invalid_template += 1,
             SkipWhy::PlaceholdersDiffer => s.placeholders_differ += 1,
         }
-    }
-}
-
-fn add_skips(a: Skips, b: Skips) -> Skips {
-    Skips {
-        critique_failed: a.critique_failed + b.critique_failed,
-        critique_unusable: a.critique_unusable + b.critique_unusable,
-        edit_failed: a.edit_failed + b.edit_failed,
-        edit_unusable: a.edit_unusable + b.edit_unusable,
-        invalid_template: a.invalid_template + b.invalid_template,
-        placeholders_differ: a.placeholders_differ + b.placeholders_differ,
     }
 }
 

@@ -120,14 +120,12 @@ impl StoreEvaluator<'_> {
                 })
                 .collect();
         }
-        let conversations = if f.spans.is_empty() {
-            Vec::new()
-        } else {
-            self.messages
-                .adapt(&f.spans)
-                .map(|r| r.conversations)
-                .unwrap_or_default()
-        };
+        // No spans (EmptyTrace) or unreadable ones: the critic reads no messages.
+        let conversations = self
+            .messages
+            .adapt(&f.spans)
+            .map(|r| r.conversations)
+            .unwrap_or_default();
         let mut messages = Vec::new();
         for (i, c) in conversations.iter().enumerate() {
             let repeated = conversations
