@@ -78,8 +78,28 @@ async fn finish_one(
     correct: bool,
     blocked: Option<&str>,
 ) {
+    finish_in(
+        store,
+        resources,
+        RolloutMode::Train,
+        reward,
+        correct,
+        blocked,
+    )
+    .await;
+}
+
+/// [`finish_one`] in `mode`.
+async fn finish_in(
+    store: &Arc<dyn LightningStore>,
+    resources: &str,
+    mode: RolloutMode,
+    reward: f64,
+    correct: bool,
+    blocked: Option<&str>,
+) {
     let mut r = EnqueueRolloutRequest::new(serde_json::json!({"q": "x"}));
-    r.mode = Some(RolloutMode::Train);
+    r.mode = Some(mode);
     r.resources_id = Some(resources.into());
     let started = store.start_rollout(r, None).await.unwrap();
     let (rid, aid) = (&started.rollout.rollout_id, &started.attempt.attempt_id);
@@ -133,36 +153,59 @@ async fn training_and_resources_pages_show_curves_per_version() {
     finish_one(&store, "policy-v1", 1.0, true, None).await;
     finish_one(&store, "policy-v2", 1.0, true, None).await;
     finish_one(&store, "policy-v2", 1.0, true, None).await;
+    // APO's validation of v1: rewards 0.5 and 1.0 (score 0.75).
+    finish_in(&store, "policy-v1", RolloutMode::Val, 0.5, false, None).await;
+    finish_in(&store, "policy-v1", RolloutMode::Val, 1.0, true, None).await;
     let (app, _stop) = app_with(store.clone(), &ServerConfig::default());
     let html = get_until(
         &app,
         "/training",
-        "<strong id=\"tally-rollouts\">4</strong>",
+        "<strong id=\"tally-rollouts\">6</strong>",
     )
     .await;
-    assert!(html.contains("of 4 finished rollouts"), "{html}");
+    assert!(html.contains("of 6 finished rollouts"), "{html}");
     assert_eq!(html.matches("<svg class=\"chart\"").count(), 3, "{html}");
     assert!(
         html.contains("policy-v* · train"),
         "the legend names the series: {html}"
     );
-    // The table: v2 (newest first) then v1, with means, accuracy and violation rate.
-    let v2 = html.find("/resources/policy-v2").unwrap();
-    let v1 = html.find("/resources/policy-v1").unwrap();
+    // The table: one row per version and mode, with means, accuracy and violation rate; the
+    // train rows v2 (newer) before v1.
+    let rows: Vec<&str> = html.split("<tr>").collect();
+    let row = |id: &str, mode: &str| {
+        rows.iter()
+            .position(|r| {
+                r.contains(&format!("/resources/{id}\"")) && r.contains(&format!("<td>{mode}</td>"))
+            })
+            .unwrap_or_else(|| panic!("no {id} · {mode} row: {html}"))
+    };
+    let (v2, v1) = (row("policy-v2", "train"), row("policy-v1", "train"));
     assert!(v2 < v1, "{html}");
-    let row_v1 = html[v1..].split("</tr>").next().unwrap();
-    assert!(row_v1.contains("0.500</td>"), "{row_v1}");
-    let row_v2 = html[v2..].split("</tr>").next().unwrap();
+    assert!(rows[v1].contains("0.500</td>"), "{}", rows[v1]);
     assert!(
-        row_v2.contains("1.000</td>") && row_v2.contains("0.000</td>"),
-        "{row_v2}"
+        rows[v2].contains("1.000</td>") && rows[v2].contains("0.000</td>"),
+        "{}",
+        rows[v2]
     );
+    assert!(rows[row("policy-v1", "val")].contains("0.750</td>"));
 
     let (status, html) = get(&app, "/resources").await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         html.contains("2 ids") && html.contains("prompt (prompt_template)"),
         "{html}"
+    );
+    // Each version's validation score: v1 has two val rollouts, v2 none.
+    let at = |id: &str| html.find(&format!("<a href=\"/resources/{id}\"")).unwrap();
+    let row_v1 = html[at("policy-v1")..].split("</tr>").next().unwrap();
+    assert!(
+        row_v1.ends_with("<td class=\"num\">2</td>\n    <td class=\"num\">0.750</td>\n  "),
+        "{row_v1:?}"
+    );
+    let row_v2 = html[at("policy-v2")..].split("</tr>").next().unwrap();
+    assert!(
+        row_v2.ends_with("<td class=\"num\">0</td>\n    <td class=\"num\">–</td>\n  "),
+        "{row_v2:?}"
     );
     let (status, html) = get(&app, "/resources/policy-v1").await;
     assert_eq!(status, StatusCode::OK);

@@ -18,7 +18,9 @@
 //! * `/training`: mean reward, accuracy and violation rate per resources version (step) and
 //!   mode, as charts and a table;
 //! * `/resources`, `/resources/{id}`: the resources (prompt templates, LLM endpoints; API keys
-//!   never shown) with their versions and the rollouts that used them;
+//!   never shown) with their versions and the rollouts that used them, and each id's
+//!   validation score (the mean final reward of its `val` rollouts, one without a reward
+//!   counting 0: how APO ranks its candidates);
 //! * `/governance`: violations over time by policy, counts by policy and severity, the most
 //!   frequently blocked actions, and the flight recorder of `--audit-db` (chain status,
 //!   summary); `/governance/audit`: its entries, filtered by rollout, policy, verdict and

@@ -230,18 +230,29 @@ struct ResourcesRow {
     names: String,
     rollouts: u64,
     reward: String,
+    val_rollouts: u64,
+    val_score: String,
 }
 
-fn tally_of(tally: &Tally, id: &str) -> (u64, Option<f64>) {
+/// One resources id's counts over every mode: rollouts and mean reward of the rewarded ones;
+/// and its `val` rollouts with their score as APO scores a candidate (the mean final reward,
+/// a rollout without one counting 0).
+fn tally_of(tally: &Tally, id: &str) -> (u64, Option<f64>, u64, Option<f64>) {
     let mut v = VersionStats::default();
-    for ((rid, _), s) in &tally.versions {
+    let mut val = VersionStats::default();
+    for ((rid, mode), s) in &tally.versions {
         if rid == id {
             v.rollouts += s.rollouts;
             v.rewarded += s.rewarded;
             v.reward_sum += s.reward_sum;
+            if mode == "val" {
+                val.rollouts += s.rollouts;
+                val.reward_sum += s.reward_sum;
+            }
         }
     }
-    (v.rollouts, v.mean_reward())
+    let val_score = (val.rollouts > 0).then(|| val.reward_sum / val.rollouts as f64);
+    (v.rollouts, v.mean_reward(), val.rollouts, val_score)
 }
 
 pub(super) async fn resources(State(d): State<Shared>, Query(p): Query<PageParams>) -> Response {
@@ -263,7 +274,7 @@ pub(super) async fn resources(State(d): State<Shared>, Query(p): Query<PageParam
         page.items
             .iter()
             .map(|r| {
-                let (rollouts, reward) = tally_of(tally, &r.resources_id);
+                let (rollouts, reward, val_rollouts, val_score) = tally_of(tally, &r.resources_id);
                 ResourcesRow {
                     id: r.resources_id.clone(),
                     version: r.version,
@@ -277,6 +288,8 @@ pub(super) async fn resources(State(d): State<Shared>, Query(p): Query<PageParam
                         .join(", "),
                     rollouts,
                     reward: fixed(reward, 3),
+                    val_rollouts,
+                    val_score: fixed(val_score, 3),
                 }
             })
             .collect()
