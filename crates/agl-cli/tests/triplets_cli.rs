@@ -1,5 +1,6 @@
 //! `agl triplets` against an in-process store server: the JSON it prints for a gateway-style
-//! attempt, with and without `--for-training`, and its one-line errors.
+//! attempt, with and without `--for-training`, as chat conversations (`--messages`), and its
+//! one-line errors.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::{Command, Output};
@@ -249,6 +250,25 @@ fn triplets_prints_the_latest_attempts_triplets_and_refuses_for_training() {
         json!("b000000000000002")
     );
     assert_eq!(triplets[0]["reward"], json!(1.0));
+
+    // As OpenAI chat conversations: one per call, the answer last.
+    let v = stdout_json(&agl(&[
+        "triplets",
+        "--store-url",
+        &url,
+        "--rollout-id",
+        &rid,
+        "--messages",
+    ]));
+    let conversation = json!({"messages": [
+        {"role": "user", "content": "How many singers?"},
+        {"role": "assistant", "content": "SELECT count(*) FROM singer"}
+    ], "tools": null});
+    assert_eq!(
+        v,
+        json!({"rollout_id": rid, "attempt_id": aid, "dropped_messages": 0,
+               "conversations": [conversation.clone(), conversation]})
+    );
 
     // An explicit earlier attempt, and filters.
     let v = stdout_json(&agl(&[

@@ -5,7 +5,11 @@
 //! [...], "llm_calls", "refused_missing_token_ids", "refused_empty_token_ids",
 //! "refused_invalid_logprobs", "refused_invalid_forced_positions", "blocked", "refused":
 //! [...]}` (see [`agl_train::TripletReport`]). Without `--for-training` every call becomes a
-//! triplet (empty `token_ids` where a call has none) and the refusal counts are 0. Failures
+//! triplet (empty `token_ids` where a call has none) and the refusal counts are 0. With
+//! `--messages`, the calls as OpenAI chat conversations instead (Agent Lightning's
+//! `TraceToMessages`, [`agl_train::TraceToMessages`]): `{"rollout_id", "attempt_id",
+//! "conversations": [{"messages": [...], "tools": [...]|null}], "dropped_messages"}`, one per
+//! selected call, the answer last (`role` `assistant`, with its `tool_calls`). Failures
 //! (unknown rollout or attempt, no spans, unreachable store, bad regex) exit 1 with one line on
 //! stderr. Not responsible for the conversion itself (`agl_train::tracer_adapter`).
 
@@ -33,8 +37,12 @@ pub struct TripletsArgs {
     #[arg(long, value_name = "AID", default_value = agl_core::LATEST)]
     attempt_id: String,
     /// Refuse LLM calls without usable token ids (counted and listed, never re-tokenized).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "messages")]
     for_training: bool,
+    /// Print the selected calls as OpenAI chat conversations (`messages`, `tools`) instead of
+    /// triplets, e.g. as fine-tuning data or for a prompt critic.
+    #[arg(long)]
+    messages: bool,
     /// Span names that are LLM calls (regex search).
     #[arg(long, value_name = "REGEX", default_value = DEFAULT_LLM_CALL_MATCH)]
     llm_call_match: String,
@@ -63,6 +71,15 @@ struct Output {
     report: TripletReport,
 }
 
+/// What `agl triplets --messages` prints.
+#[derive(Debug, Serialize)]
+struct MessagesOutput {
+    rollout_id: String,
+    attempt_id: String,
+    #[serde(flatten)]
+    report: agl_train::MessagesReport,
+}
+
 /// Runs `agl triplets`.
 pub fn run(args: TripletsArgs) -> anyhow::Result<ExitCode> {
     let adapter = TracerTraceToTriplet {
@@ -82,6 +99,18 @@ pub fn run(args: TripletsArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let (attempt_id, spans) = rt.block_on(read_spans(&client, &args))?;
+    if args.messages {
+        let report = agl_train::TraceToMessages::new(adapter)
+            .adapt(&spans)
+            .with_context(|| format!("rollout {} attempt {attempt_id}", args.rollout_id))?;
+        let out = MessagesOutput {
+            rollout_id: args.rollout_id,
+            attempt_id,
+            report,
+        };
+        println!("{}", serde_json::to_string(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let report = adapter
         .adapt_with_report(&spans, args.for_training)
         .with_context(|| format!("rollout {} attempt {attempt_id}", args.rollout_id))?;
