@@ -42,6 +42,11 @@ Two ways to run it:
    ``main_llm`` resource in ``$AGL_RESOURCES`` when there is one, and prints
    ``{"reward": x}`` as its last stdout line (diagnostics go to stderr).
 
+With ``--prompt-template`` (runner mode) the agent is ``spider_prompt_agent``: the same, but its
+user message is rendered from the rollout's ``PromptTemplate`` resource (fields ``question`` and
+``schema``), so ``agl train --algorithm apo`` can optimise it; each rollout's stderr line also
+names the ``resources_id`` and the ``template`` it read.
+
 With ``--tool`` (or ``SPIDER_AGENT_TOOL=1``, for the runner mode) the agent offers the model a
 ``run_sql`` tool (``{"query": string}``) and forces it with ``tool_choice``, so its SQL goes
 through agl's gateway as a tool call, where a policy file that marks ``run_sql.query`` as SQL
@@ -107,10 +112,16 @@ TOOL_REMINDER = "Call the run_sql tool with your query."
 USE_TOOL = "--tool" in sys.argv[1:] or os.environ.get("SPIDER_AGENT_TOOL") == "1"
 
 
-async def write_sql(client: openai.AsyncOpenAI, model: str, task: Dict[str, Any], params: Dict[str, Any]) -> Dict[str, Any]:
+async def write_sql(
+    client: openai.AsyncOpenAI, model: str, task: Dict[str, Any], params: Dict[str, Any], template: Any = None
+) -> Dict[str, Any]:
     """The model's SQL for the task: from its reply's ```sql block, or (``USE_TOOL``) from the
-    ``query`` of its ``run_sql`` call. ``{"sql": str | None, "refusal": str | None}``."""
-    messages = spider_sql.write_messages(task["schema"], task["question"])
+    ``query`` of its ``run_sql`` call. ``{"sql": str | None, "refusal": str | None}``. With
+    ``template`` (a ``PromptTemplate``), the user message is rendered from it."""
+    if template is None:
+        messages = spider_sql.write_messages(task["schema"], task["question"])
+    else:
+        messages = spider_sql.write_messages_with(template, task["schema"], task["question"])
     if not USE_TOOL:
         response = await client.chat.completions.create(model=model, messages=messages, **params)  # type: ignore[arg-type]
         return {"sql": spider_sql.extract_sql(response.choices[0].message.content or ""), "refusal": None}
@@ -137,12 +148,22 @@ async def write_sql(client: openai.AsyncOpenAI, model: str, task: Dict[str, Any]
     return {"sql": None, "refusal": message.content}
 
 
-async def solve(client: openai.AsyncOpenAI, model: str, task: Dict[str, Any], params: Dict[str, Any]) -> float:
+async def solve(
+    client: openai.AsyncOpenAI,
+    model: str,
+    task: Dict[str, Any],
+    params: Dict[str, Any],
+    template: Any = None,
+    resources_id: Optional[str] = None,
+) -> float:
     """One write turn and its reward: the model's SQL for the task, scored against the gold."""
-    answer = await write_sql(client, model, task, params)
+    answer = await write_sql(client, model, task, params, template)
     sql = answer["sql"]
     reward, error = await asyncio.to_thread(spider_sql.reward, task["db_path"], task["gold"], sql, SQL_TIMEOUT)
-    line = {"id": task.get("id"), "predicted": sql, "reward": reward, "error": error}
+    line: Dict[str, Any] = {"id": task.get("id"), "predicted": sql, "reward": reward, "error": error}
+    if template is not None:
+        line["resources_id"] = resources_id
+        line["template"] = template.template
     if answer["refusal"] is not None:
         line["refusal"] = answer["refusal"]
     print(json.dumps(line), file=sys.stderr, flush=True)
@@ -167,22 +188,39 @@ if not _EXEC_ONLY:
 
 if agl is not None:
 
-    @agl.rollout
-    async def spider_agent(task: Dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -> float:
-        """Writes one SQL query for the task through the rollout's LLM; reward 1.0 on an
-        execution match with the gold query, else 0.0."""
-        # `@rollout` already turns a ProxyLLM into the attempt's LLM (endpoint
-        # `<endpoint>/rollout/<rid>/attempt/<aid>`); a ProxyLLM given as is would need
-        # `get_base_url` for that route.
+    def _client(llm: agl.LLM, rollout: agl.Rollout) -> openai.AsyncOpenAI:
+        """A client of the rollout's LLM. `@rollout` already turns a ProxyLLM into the attempt's
+        LLM (endpoint `<endpoint>/rollout/<rid>/attempt/<aid>`); a ProxyLLM given as is would
+        need `get_base_url` for that route."""
         if isinstance(llm, ProxyLLM):
             base_url = llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id)
         else:
             base_url = llm.endpoint
-        client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=llm.api_key or "dummy", max_retries=0, timeout=LLM_TIMEOUT
-        )
+        return openai.AsyncOpenAI(base_url=base_url, api_key=llm.api_key or "dummy", max_retries=0, timeout=LLM_TIMEOUT)
+
+    @agl.rollout
+    async def spider_agent(task: Dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -> float:
+        """Writes one SQL query for the task through the rollout's LLM; reward 1.0 on an
+        execution match with the gold query, else 0.0."""
+        client = _client(llm, rollout)
         try:
             return await solve(client, llm.model, task, sampling(llm.sampling_parameters))
+        finally:
+            await client.close()
+
+
+    @agl.rollout
+    async def spider_prompt_agent(
+        task: Dict[str, Any], llm: agl.LLM, rollout: agl.Rollout, prompt_template: agl.PromptTemplate
+    ) -> float:
+        """``spider_agent`` with its user message rendered from the rollout's prompt template
+        (``--prompt-template``: the candidates of ``agl train --algorithm apo``); Agent
+        Lightning's ``@rollout`` hands it the first ``PromptTemplate`` resource."""
+        client = _client(llm, rollout)
+        try:
+            return await solve(
+                client, llm.model, task, sampling(llm.sampling_parameters), prompt_template, rollout.resources_id
+            )
         finally:
             await client.close()
 
@@ -219,7 +257,7 @@ def run_runner(args: argparse.Namespace) -> int:
         tracer=tracer,
         runner=LitAgentRunner(tracer, max_rollouts=args.max_rollouts, poll_interval=args.poll_interval),
     )
-    trainer.fit(spider_agent)
+    trainer.fit(spider_prompt_agent if args.prompt_template else spider_agent)
     return 0
 
 
@@ -276,6 +314,11 @@ def main() -> int:
     parser.add_argument("--max-rollouts", type=int, default=None, help="stop each runner after N rollouts")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls of an empty queue")
     parser.add_argument("--tool", action="store_true", help="send the SQL as a run_sql tool call (see the module docs)")
+    parser.add_argument(
+        "--prompt-template",
+        action="store_true",
+        help="render the user message from the rollout's prompt_template resource (agl train --algorithm apo)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("SPIDER_AGENT_LOG", "WARNING"))
     if args.exec:

@@ -66,6 +66,16 @@ def write_messages(schema: str, question: str) -> List[Dict[str, str]]:
     ]
 
 
+def write_messages_with(template: Any, schema: str, question: str) -> List[Dict[str, str]]:
+    """``write_messages`` with the user message rendered from ``template`` (Agent Lightning's
+    ``PromptTemplate``, f-string engine, fields ``question`` and ``schema``), as agl's
+    ``LlmSqlAgent`` renders its ``prompt_template`` resource (``write_messages_with``)."""
+    return [
+        {"role": "system", "content": WRITER_SYSTEM.replace("{schema}", schema)},
+        {"role": "user", "content": template.format(question=question.strip(), schema=schema)},
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # extract_sql (prompts.rs)
 # ---------------------------------------------------------------------------------------------

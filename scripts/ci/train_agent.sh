@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train the agent you bring: `agl train --algorithm grpo` on agents agl did not write, end to end.
+# Train the agent you bring: `agl train --algorithm grpo` and `apo` on agents agl did not write, end to end.
 #
 # Usage: scripts/ci/train_agent.sh [MODEL]
 #   MODEL  the model to pull and train (default smollm2-135m-instruct)
@@ -23,6 +23,11 @@
 #       in the background, its rollouts served by examples/python/spider_agent.py (Agent
 #       Lightning's runner role against STORE); train must exit 0 and write ckpt/final/;
 #       the runner is then stopped with SIGINT (a runner-only process never stops by itself);
+#   (g) `agl train --algorithm apo … --store-url STORE --runner none --beam-rounds 1
+#       --beam-width 1 --branch-factor 1` (the built-in engine as agent model and optimiser),
+#       its rollouts served by examples/python/spider_agent.py --prompt-template (a `@rollout`
+#       agent taking Agent Lightning's `prompt_template` resource): exit 0, every rollout read
+#       the template of the candidate its resources id names, best_prompt.txt is the best;
 #   (d) `agl llm serve --model MODEL --adapter policy=$WORK/ckpt/final --port 0` answers one
 #       chat completion for the model `policy` (the adapter's name);
 #   (f) `agl store --llm MODEL --port 0` and examples/python/langchain_agent.py --check: a
@@ -147,6 +152,49 @@ echo "$SCRIPT: the runner stopped on SIGINT with status $runner_status; its roll
 grep -E '^\{"id"' "$WORK/runner.err" >&2 || true
 [ "$(grep -cE '^\{"id"' "$WORK/runner.err" || true)" -ge 4 ] || fail "the Python agent ran fewer than 4 rollouts"
 echo "$SCRIPT: (c) passed in $((SECONDS - T_TRAIN)) s" >&2
+
+# (g) APO: `agl train --algorithm apo` through the same store; the rollouts are served by
+# Agent Lightning's runner with spider_agent.py --prompt-template, a @rollout agent taking the
+# prompt_template resource. Every rollout's template must be the candidate its resources id
+# names in the report, and the best prompt on disk the report's best.
+T_APO=$SECONDS
+echo "+ $PY $EXAMPLES/spider_agent.py --store-url $STORE_URL --prompt-template &" >&2
+"$PY" "$EXAMPLES/spider_agent.py" --store-url "$STORE_URL" --prompt-template >"$WORK/apo-runner.out" 2>"$WORK/apo-runner.err" &
+RUNNER_PID=$!
+PIDS+=("$RUNNER_PID")
+PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+SEED=$'Question: {question}\nAnswer with one SQLite query in a ```sql block.'
+status=0
+run timeout --kill-after=10 "$TRAIN_TIMEOUT" "$AGL" train --algorithm apo \
+    --train-dataset "$WORK/train.jsonl" --val-dataset "$WORK/train.jsonl" --model "$MODEL" \
+    --store-url "$STORE_URL" --port "$PORT" --advertise-url "http://127.0.0.1:$PORT" --runner none \
+    --prompt-template-text "$SEED" --beam-rounds 1 --beam-width 1 --branch-factor 1 \
+    --gradient-batch-size 2 --val-batch-size 2 --max-tokens 48 \
+    --checkpoint-dir "$WORK/apo" --report "$WORK/apo.json" >"$WORK/apo.out" 2>"$WORK/apo.err" || status=$?
+if [ "$status" -ne 0 ]; then
+    tail -n 30 "$WORK/apo.err" >&2
+    echo "--- runner" >&2
+    tail -n 30 "$WORK/apo-runner.err" >&2
+    fail "agl train --algorithm apo exited $status"
+fi
+cat "$WORK/apo.out"
+kill -INT "$RUNNER_PID" 2>/dev/null || true
+wait "$RUNNER_PID" || true
+"$PY" - "$WORK/apo.json" "$WORK/apo-runner.err" "$WORK/apo/best_prompt.txt" <<'PYEOF' || fail "APO: the agent did not read the candidates' templates"
+import json, sys
+report = json.load(open(sys.argv[1]))
+templates = {c["version"]: c["template"] for c in report["search"]["candidates"]}
+lines = [json.loads(l) for l in open(sys.argv[2]) if l.startswith('{"id"')]
+assert len(lines) >= 4 + 2 + 1, f"too few rollouts: {len(lines)}"
+for l in lines:
+    assert templates.get(l["resources_id"]) == l["template"], l
+best = report["search"]["best"]
+assert open(sys.argv[3]).read() == templates[best], "best_prompt.txt is not the best candidate"
+print(f"train_agent.sh: (g) {len(lines)} rollouts read their candidate's template; "
+      f"{len(templates)} candidates, best {best.rsplit('-', 1)[-1]} "
+      f"({report['search']['best_score']:.3f})", file=sys.stderr)
+PYEOF
+echo "$SCRIPT: (g) passed in $((SECONDS - T_APO)) s" >&2
 
 # (d) The trained adapter serves.
 start_server serve "$AGL" llm serve --model "$MODEL" --adapter "policy=$WORK/ckpt/final" --port 0

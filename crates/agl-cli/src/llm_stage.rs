@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agl_core::NamedResources;
 use agl_gov::Kernel;
 use agl_llm::{Engine, LoraAdapter};
 use agl_spider::{LlmSqlAgent, Question, SqlAgentOutput, SqlEvalRow, sql_eval_row};
@@ -84,18 +85,37 @@ impl LlmStage {
         plan: &BatchPlan,
         questions: &[Question],
         bar: &ProgressBar,
+        on_done: impl FnMut(&SqlEvalRow),
+    ) -> anyhow::Result<(Vec<(FinishedRollout, SqlEvalRow)>, f64)> {
+        self.run_with(plan, NamedResources::new(), questions, bar, on_done)
+            .await
+    }
+
+    /// [`LlmStage::run`] publishing `extra` resources beside the LLM (a `prompt_template`).
+    pub async fn run_with(
+        &self,
+        plan: &BatchPlan,
+        extra: NamedResources,
+        questions: &[Question],
+        bar: &ProgressBar,
         mut on_done: impl FnMut(&SqlEvalRow),
     ) -> anyhow::Result<(Vec<(FinishedRollout, SqlEvalRow)>, f64)> {
         let plan = BatchPlan {
             endpoint: self.endpoint(),
             ..plan.clone()
         };
-        let (finished, seconds) =
-            agl_train::run_batch(&self.store, &self.runners, &plan, questions, |r, a| {
+        let (finished, seconds) = agl_train::run_batch_with(
+            &self.store,
+            &self.runners,
+            &plan,
+            extra,
+            questions,
+            |r, a| {
                 on_done(&sql_eval_row(r, a, &[]));
                 bar.inc(1);
-            })
-            .await?;
+            },
+        )
+        .await?;
         let rows = finished
             .into_iter()
             .map(|f| {

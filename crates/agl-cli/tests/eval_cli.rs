@@ -57,6 +57,28 @@ fn bad_flags_are_one_line_errors() {
     assert_one_line_error(&o, 1, "/nonexistent/policy.yaml");
     let o = agl(&["eval", "--agent", "scorer", "--data", "/nonexistent/spider"]);
     assert_one_line_error(&o, 1, "/nonexistent/spider");
+    // The llm agent's write template: read and checked before any model is loaded.
+    let o = agl(&["eval", "--agent", "scorer", "--prompt-template", "t.txt"]);
+    assert_one_line_error(&o, 1, "use it with --agent llm");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "llm",
+        "--prompt-template",
+        "/nonexistent/t.txt",
+    ]);
+    assert_one_line_error(&o, 1, "--prompt-template: reading /nonexistent/t.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.txt");
+    std::fs::write(&t, "Question: {question}\nDatabase: {db_id}").unwrap();
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "llm",
+        "--prompt-template",
+        t.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, 1, "the template has {db_id}");
 }
 
 #[test]

@@ -194,6 +194,22 @@ pub const WRITE_USER_TEMPLATE: &str =
 /// The fields a write template may use.
 pub const WRITE_TEMPLATE_FIELDS: [&str; 2] = ["question", "schema"];
 
+/// Parses a write template (a user's or an optimiser's) and checks that it uses only
+/// [`WRITE_TEMPLATE_FIELDS`]; the error names the position of a syntax error or the field.
+pub fn parse_write_template(text: &str) -> Result<agl_core::FStringTemplate, String> {
+    let t = agl_core::FStringTemplate::parse(text).map_err(|e| e.to_string())?;
+    if let Some(f) = t
+        .placeholders()
+        .into_iter()
+        .find(|f| !WRITE_TEMPLATE_FIELDS.contains(f))
+    {
+        return Err(format!(
+            "the SQL agent fills only {{question}} and {{schema}}; the template has {{{f}}}"
+        ));
+    }
+    Ok(t)
+}
+
 /// [`write_messages`] with the user message rendered from `template` (fields
 /// [`WRITE_TEMPLATE_FIELDS`]: the question trimmed, the schema as given); with
 /// [`WRITE_USER_TEMPLATE`] the result is byte-identical to [`write_messages`]'s.

@@ -139,6 +139,11 @@ pub struct EvalArgs {
     /// How the built-in engine holds the linear weights: dense (f32) or q8 (faster decoding).
     #[arg(long, value_enum, default_value = "dense")]
     weights: Weights,
+    /// The llm agent's write prompt: its user message as a Python `str.format` template with
+    /// the fields {question} and {schema} (e.g. `agl train --algorithm apo`'s best_prompt.txt),
+    /// published as the `prompt_template` resource [default: the agent's own].
+    #[arg(long, value_name = "FILE")]
+    prompt_template: Option<PathBuf>,
     /// Spider data directory [default: the vendored data/spider of this repository].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
@@ -197,6 +202,7 @@ struct ReportConfig<'a> {
     checkpoint: Option<String>,
     model: Option<&'a str>,
     adapter: Option<String>,
+    prompt_template: Option<String>,
     llm_upstream: Option<&'a str>,
     split: &'static str,
     limit: Option<usize>,
@@ -314,6 +320,20 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         agl_llm::hub::resolve(&args.model, &agl_llm::hub::agl_home())
             .with_context(|| format!("--model {}", args.model))?;
     }
+    if args.prompt_template.is_some() && args.agent != AgentKind::Llm {
+        bail!("--prompt-template is the llm agent's write prompt (use it with --agent llm)");
+    }
+    // Fail before loading anything when the template is missing or not one the agent fills.
+    let template = match &args.prompt_template {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("--prompt-template: reading {}", p.display()))?;
+            agl_spider::prompts::parse_write_template(&text)
+                .map_err(|e| anyhow::anyhow!("--prompt-template {}: {e}", p.display()))?;
+            Some(text)
+        }
+        None => None,
+    };
     if args.agent == AgentKind::Llm && args.checkpoint.is_some() {
         bail!("--checkpoint is a scorer checkpoint (use it with --agent scorer)");
     }
@@ -344,7 +364,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let outcome = match args.agent {
-        AgentKind::Llm => run_llm(&args, &rt, &dataset, &policy, &questions)?,
+        AgentKind::Llm => run_llm(&args, &rt, &dataset, &policy, &questions, template)?,
         AgentKind::Scorer => {
             run_scorer(&args, &rt, &dataset, &policy, &picked, checkpoint.as_ref())?
         }
@@ -361,6 +381,10 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
                 agent: args.agent.name(),
                 model: (args.agent == AgentKind::Llm).then_some(&*args.model),
                 adapter: args.adapter.as_ref().map(|p| p.display().to_string()),
+                prompt_template: args
+                    .prompt_template
+                    .as_ref()
+                    .map(|p| p.display().to_string()),
                 llm_upstream: args.upstream.llm_upstream.as_deref(),
                 split,
                 limit: args.limit,
@@ -430,6 +454,7 @@ fn run_llm(
     dataset: &SpiderDataset,
     policy: &PolicyFile,
     questions: &[Question],
+    template: Option<String>,
 ) -> anyhow::Result<Outcome> {
     let env = BuildEnv {
         table_stats: crate::kernel::table_stats(dataset, questions)?,
@@ -491,8 +516,18 @@ fn run_llm(
         };
         let bar = progress_bar("eval", questions.len() as u64, 5);
         let (mut correct, mut violating, mut done) = (0usize, 0usize, 0usize);
+        let mut extra = agl_core::NamedResources::new();
+        if let Some(template) = template {
+            extra.insert(
+                agl_spider::sql_agent::WRITE_TEMPLATE_RESOURCE.to_string(),
+                agl_core::Resource::PromptTemplate(agl_core::PromptTemplate {
+                    template,
+                    engine: agl_core::PromptEngine::FString,
+                }),
+            );
+        }
         let outcome = stage
-            .run(&plan, questions, &bar, |row| {
+            .run_with(&plan, extra, questions, &bar, |row| {
                 done += 1;
                 correct += usize::from(row.correct);
                 violating += usize::from(!row.sql_violations.is_empty());

@@ -87,6 +87,9 @@ pub enum Algorithm {
     /// Supervised fine-tuning of a LoRA adapter: on the best --sft-top-fraction of each step's
     /// rollouts by reward (Agent Lightning's Unsloth example), or on --demonstrations.
     Sft,
+    /// Automatic prompt optimisation (Agent Lightning's APO): a beam search over the agent's
+    /// prompt template, an LLM critiquing its rollouts and rewriting it; no weights change.
+    Apo,
 }
 
 impl Algorithm {
@@ -95,6 +98,7 @@ impl Algorithm {
         match self {
             Algorithm::Grpo => "grpo",
             Algorithm::Sft => "sft",
+            Algorithm::Apo => "apo",
         }
     }
 }
@@ -138,18 +142,34 @@ pub enum RunnerSpec {
     None,
     /// Exec workers in this process running `sh -c COMMAND` per rollout.
     Exec(String),
+    /// The built-in Spider SQL agent in this process ([`super::sql_runner`]).
+    Sql,
+}
+
+impl RunnerSpec {
+    /// The flag's value, for reports.
+    pub fn label(&self) -> String {
+        match self {
+            RunnerSpec::None => "none".into(),
+            RunnerSpec::Exec(c) => format!("exec:{c}"),
+            RunnerSpec::Sql => "sql".into(),
+        }
+    }
 }
 
 /// clap value parser of `--runner`.
 pub fn parse_runner(s: &str) -> Result<RunnerSpec, String> {
-    if s == "none" {
-        return Ok(RunnerSpec::None);
+    match s {
+        "none" => return Ok(RunnerSpec::None),
+        "sql" => return Ok(RunnerSpec::Sql),
+        _ => {}
     }
     match s.strip_prefix("exec:") {
         Some(cmd) if !cmd.trim().is_empty() => Ok(RunnerSpec::Exec(cmd.to_string())),
         Some(_) => Err("`exec:` needs a command, e.g. exec:'python agent.py'".into()),
         None => Err(format!(
-            "`{s}` is not a runner: use none (runners of other processes) or exec:COMMAND"
+            "`{s}` is not a runner: use none (runners of other processes), exec:COMMAND or sql \
+             (the built-in Spider SQL agent)"
         )),
     }
 }
@@ -345,8 +365,99 @@ struct AnyData {
     val_tasks: usize,
 }
 
+/// The runners of `--runner` for one training mode: the hint of `none` names `store_url`;
+/// `sql` needs the Spider data ([`super::sql_runner::prepare`]) and the tasks it will run.
+pub(super) fn runner_pool(
+    any: &AnyArgs,
+    shared: &SharedArgs,
+    args: &LlmTrainArgs,
+    mode: TrainingMode,
+    store_url: &str,
+    sql_data: Option<&agl_spider::SpiderDataset>,
+    tasks: &[&[serde_json::Value]],
+) -> anyhow::Result<Box<dyn RunnerPool>> {
+    Ok(match &any.runner {
+        RunnerSpec::None => Box::new(ExternalRunners {
+            idle_warning: Duration::from_secs(60),
+            hint: format!(
+                "start `agl runner --store-url {store_url} --exec COMMAND` or your agent's Agent \
+                 Lightning runner against {store_url}"
+            ),
+        }),
+        RunnerSpec::Exec(command) => exec_pool(command, any, store_url)?,
+        RunnerSpec::Sql => match sql_data {
+            Some(dataset) => {
+                super::sql_runner::pool(shared, args, &any.llm_resource, mode, dataset, tasks)?
+            }
+            None => bail!("--runner sql: the Spider data was not loaded"),
+        },
+    })
+}
+
+/// Each rollout's time limit and retries (`--rollout-timeout`, `--max-attempts`): a failed,
+/// timed-out or unresponsive attempt is retried.
+pub(super) fn rollout_config(any: &AnyArgs) -> RolloutConfig {
+    RolloutConfig {
+        timeout_seconds: Some(any.rollout_timeout),
+        max_attempts: any.max_attempts,
+        retry_condition: vec![
+            agl_core::AttemptStatus::Failed,
+            agl_core::AttemptStatus::Timeout,
+            agl_core::AttemptStatus::Unresponsive,
+        ],
+        ..RolloutConfig::default()
+    }
+}
+
+/// The checks of the serving flags (`--rollout-timeout`, `--max-attempts`, `--store` and
+/// `--store-url`, `--advertise-url`), before anything is loaded.
+pub(super) fn check_serving(any: &AnyArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        any.rollout_timeout.is_finite() && any.rollout_timeout > 0.0,
+        "--rollout-timeout must be a positive number of seconds"
+    );
+    anyhow::ensure!(any.max_attempts >= 1, "--max-attempts must be at least 1");
+    anyhow::ensure!(
+        any.store_url.is_none() || any.store == "memory",
+        "--store {} and --store-url {} both name a store; pass only one",
+        any.store,
+        any.store_url.as_deref().unwrap_or_default()
+    );
+    if let Some(url) = &any.advertise_url {
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        anyhow::ensure!(
+            rest.is_some_and(|r| !r.is_empty() && !r.contains(char::is_whitespace)),
+            "--advertise-url {url}: expected an http:// or https:// URL"
+        );
+    }
+    Ok(())
+}
+
+/// The store of `--store` or `--store-url` (waiting up to 30 s for a server to answer).
+pub(super) fn open_store(
+    any: &AnyArgs,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<Arc<dyn LightningStore>> {
+    Ok(match &any.store_url {
+        Some(url) => {
+            let client = crate::remote::client(url, any.auth_token.clone())?;
+            rt.block_on(crate::remote::wait_for_server(
+                &client,
+                Duration::from_secs(30),
+            ))
+            .with_context(|| format!("reaching the store at --store-url {url}"))?;
+            Arc::new(client)
+        }
+        None => rt
+            .block_on(agl_store::address::open(&any.store))
+            .with_context(|| format!("--store {}", any.store))?,
+    })
+}
+
 /// `--train-roles` as an `agent_match` pattern (`^(a|b)$`, names escaped); `None`: every call.
-fn agent_match(roles: Option<&str>) -> anyhow::Result<Option<(Vec<String>, String)>> {
+pub(super) fn agent_match(roles: Option<&str>) -> anyhow::Result<Option<(Vec<String>, String)>> {
     let Some(s) = roles else {
         return Ok(None);
     };
@@ -373,9 +484,13 @@ fn agent_match(roles: Option<&str>) -> anyhow::Result<Option<(Vec<String>, Strin
 /// Runs `agl train --algorithm …`.
 pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
+    anyhow::ensure!(
+        any.algorithm != Algorithm::Apo,
+        "--algorithm apo runs its own search (cmd::train::apo)"
+    );
     let min_group = match any.algorithm {
-        Algorithm::Grpo => 2,
         Algorithm::Sft => 1,
+        Algorithm::Grpo | Algorithm::Apo => 2,
     };
     let settings = checked(&shared, &args, min_group)?;
     if any.algorithm == Algorithm::Sft {
@@ -399,26 +514,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
              fixed --port N to find it at (or run the store apart and pass --store-url)"
         );
     }
-    anyhow::ensure!(
-        any.rollout_timeout.is_finite() && any.rollout_timeout > 0.0,
-        "--rollout-timeout must be a positive number of seconds"
-    );
-    anyhow::ensure!(any.max_attempts >= 1, "--max-attempts must be at least 1");
-    anyhow::ensure!(
-        any.store_url.is_none() || any.store == "memory",
-        "--store {} and --store-url {} both name a store; pass only one",
-        any.store,
-        any.store_url.as_deref().unwrap_or_default()
-    );
-    if let Some(url) = &any.advertise_url {
-        let rest = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"));
-        anyhow::ensure!(
-            rest.is_some_and(|r| !r.is_empty() && !r.contains(char::is_whitespace)),
-            "--advertise-url {url}: expected an http:// or https:// URL"
-        );
-    }
+    check_serving(&any)?;
     let resume = resume_state(&shared, &args)?;
     let roles = agent_match(args.train_roles.as_deref())?;
     let mut train = match &any.source {
@@ -440,7 +536,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         train.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shared.seed));
         demos.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shared.seed));
     }
-    let val = match &any.val_dataset {
+    let mut val = match &any.val_dataset {
         Some(p) => {
             let mut v =
                 agl_train::load_dataset(p).map_err(|e| anyhow::anyhow!("--val-dataset: {e}"))?;
@@ -449,6 +545,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         }
         None => Vec::new(),
     };
+    let sql_data = super::sql_runner::prepare(&any.runner, &shared.data, &mut train, &mut val)?;
     let policy = PolicyFile::resolve(&shared.policy)
         .with_context(|| format!("--policy {}", shared.policy))?;
     let kernel_for = |mode: TrainingMode| -> anyhow::Result<Arc<agl_gov::Kernel>> {
@@ -475,20 +572,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         .build()
         .context("starting the async runtime")?;
     // The store first: an unreachable server fails before the model is loaded.
-    let store: Arc<dyn LightningStore> = match &any.store_url {
-        Some(url) => {
-            let client = crate::remote::client(url, any.auth_token.clone())?;
-            rt.block_on(crate::remote::wait_for_server(
-                &client,
-                Duration::from_secs(30),
-            ))
-            .with_context(|| format!("reaching the store at --store-url {url}"))?;
-            Arc::new(client)
-        }
-        None => rt
-            .block_on(agl_store::address::open(&any.store))
-            .with_context(|| format!("--store {}", any.store))?,
-    };
+    let store = open_store(&any, &rt)?;
 
     let spec = engine_spec(&args, shared.workers);
     let started_engine = crate::args::engine::start_engine(&spec, "agl train")?;
@@ -544,26 +628,16 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             let _ = std::io::stdout().flush();
         }
         let store_hint = any.store_url.clone().unwrap_or_else(|| server.url.clone());
-        let pool: Box<dyn RunnerPool> = match &any.runner {
-            RunnerSpec::None => Box::new(ExternalRunners {
-                idle_warning: Duration::from_secs(60),
-                hint: format!(
-                    "start `agl runner --store-url {store_hint} --exec COMMAND` or your agent's \
-                     Agent Lightning runner against {store_hint}"
-                ),
-            }),
-            RunnerSpec::Exec(command) => exec_pool(command, &any, &store_hint)?,
-        };
-        let rollout_config = RolloutConfig {
-            timeout_seconds: Some(any.rollout_timeout),
-            max_attempts: any.max_attempts,
-            retry_condition: vec![
-                agl_core::AttemptStatus::Failed,
-                agl_core::AttemptStatus::Timeout,
-                agl_core::AttemptStatus::Unresponsive,
-            ],
-            ..RolloutConfig::default()
-        };
+        let pool = runner_pool(
+            &any,
+            &shared,
+            &args,
+            mode,
+            &store_hint,
+            sql_data.as_ref(),
+            &[&train, &val],
+        )?;
+        let rollout_config = rollout_config(&any);
         let serving = EngineServing {
             engine: engine.clone(),
             base: base_name.clone(),
@@ -619,7 +693,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
         let reward =
             PolicyReward::<(), ()>::new(RewardConfig::default()).with_shaping(mode.shapes_reward());
         let (mut trainee, state) = match any.algorithm {
-            Algorithm::Grpo => {
+            Algorithm::Grpo | Algorithm::Apo => {
                 let (g, st) = learner(&engine, &shared, &args, &settings, mode, resume.as_ref())?;
                 (Trainee::Grpo(g), st)
             }
@@ -796,10 +870,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
                     model: &args.model,
                     governance: r.mode,
                     policy: &shared.policy,
-                    runner: match &any.runner {
-                        RunnerSpec::None => "none".into(),
-                        RunnerSpec::Exec(c) => format!("exec:{c}"),
-                    },
+                    runner: any.runner.label(),
                     steps: args.steps,
                     tasks_per_step: args.tasks_per_step,
                     group_size: shared.group_size,
@@ -995,7 +1066,11 @@ fn print_comparison(runs: &[ModeRun]) {
 /// The exec pool of `--runner exec:COMMAND`: `--workers` workers here, each running the command
 /// once per rollout with the rollout's `--llm-resource` (`agl_train::exec_runner`).
 #[cfg(unix)]
-fn exec_pool(command: &str, any: &AnyArgs, store_url: &str) -> anyhow::Result<Box<dyn RunnerPool>> {
+pub(super) fn exec_pool(
+    command: &str,
+    any: &AnyArgs,
+    store_url: &str,
+) -> anyhow::Result<Box<dyn RunnerPool>> {
     let config = agl_train::ExecConfig {
         command: command.to_string(),
         timeout: Duration::from_secs_f64(any.rollout_timeout),
@@ -1010,13 +1085,13 @@ fn exec_pool(command: &str, any: &AnyArgs, store_url: &str) -> anyhow::Result<Bo
 }
 
 #[cfg(not(unix))]
-fn exec_pool(_: &str, _: &AnyArgs, _: &str) -> anyhow::Result<Box<dyn RunnerPool>> {
+pub(super) fn exec_pool(_: &str, _: &AnyArgs, _: &str) -> anyhow::Result<Box<dyn RunnerPool>> {
     bail!("--runner exec: runs commands in process groups, which this platform does not have")
 }
 
 /// What this process serves: the store with the gateway, or the gateway alone.
-struct Server {
-    url: String,
+pub(super) struct Server {
+    pub(super) url: String,
     running: Running,
 }
 
@@ -1029,7 +1104,7 @@ enum Running {
 }
 
 impl Server {
-    async fn start(
+    pub(super) async fn start(
         any: &AnyArgs,
         store: Arc<dyn LightningStore>,
         gateway: agl_server::GatewayConfig,
@@ -1069,7 +1144,7 @@ impl Server {
         })
     }
 
-    async fn shutdown(self) -> anyhow::Result<()> {
+    pub(super) async fn shutdown(self) -> anyhow::Result<()> {
         match self.running {
             Running::Store(s) => s.shutdown().await?,
             Running::Gateway { stop, task } => {
@@ -1258,6 +1333,7 @@ mod tests {
     #[test]
     fn runners_parse_and_refuse_with_a_hint() {
         assert_eq!(parse_runner("none").unwrap(), RunnerSpec::None);
+        assert_eq!(parse_runner("sql").unwrap(), RunnerSpec::Sql);
         assert_eq!(
             parse_runner("exec:python agent.py --x").unwrap(),
             RunnerSpec::Exec("python agent.py --x".into())

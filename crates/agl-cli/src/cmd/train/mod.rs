@@ -20,7 +20,9 @@
 //! command, its own loop). Not for the training algorithms (`agl-train`, `agl-spider`).
 
 pub mod any;
+pub mod apo;
 pub mod llm;
+pub mod sql_runner;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -53,7 +55,7 @@ pub struct TrainArgs {
     /// Train the agent you bring, in any language, on --train-dataset (Agent Lightning's
     /// `Trainer.fit`): its rollouts run through the store and its model calls through this
     /// process's gateway; `grpo` and `sft` train a LoRA adapter of --model (`sft` also from
-    /// --demonstrations alone). Takes the --agent llm flags.
+    /// --demonstrations alone), `apo` its prompt template. Takes the --agent llm flags.
     #[arg(long, value_enum)]
     algorithm: Option<any::Algorithm>,
     /// Demonstrations for `--algorithm sft` instead of rollouts: OpenAI's chat fine-tuning
@@ -86,10 +88,11 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE", requires = "algorithm")]
     val_dataset: Option<PathBuf>,
     /// Who runs the rollouts (--algorithm): `none` (runners of other processes: Agent
-    /// Lightning's runner or `agl runner --exec` against this store) or `exec:COMMAND`
+    /// Lightning's runner or `agl runner --exec` against this store), `exec:COMMAND`
     /// (--workers workers here, each running `sh -c COMMAND` per rollout: the task on stdin,
-    /// the gateway in OPENAI_BASE_URL, the reward as the last stdout line `{"reward": x}`).
-    #[arg(long, default_value = "none", value_parser = any::parse_runner, value_name = "none|exec:COMMAND")]
+    /// the gateway in OPENAI_BASE_URL, the reward as the last stdout line `{"reward": x}`) or
+    /// `sql` (the built-in Spider SQL agent here, on tasks of `agl spider tasks`).
+    #[arg(long, default_value = "none", value_parser = any::parse_runner, value_name = "none|exec:COMMAND|sql")]
     runner: any::RunnerSpec,
     /// Time limit of one rollout in seconds (--algorithm); an attempt over it is `timeout`.
     #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
@@ -116,6 +119,76 @@ pub struct TrainArgs {
     /// Name of the LLM resource published to the agents (--algorithm).
     #[arg(long, default_value = agl_train::DEFAULT_LLM_RESOURCE, value_name = "NAME")]
     llm_resource: String,
+    /// How the engine holds its weights: dense (f32; grpo, sft and --agent llm train these)
+    /// or q8 (faster decoding, serving only) [default: q8 for --algorithm apo, else dense].
+    #[arg(long, value_enum)]
+    weights: Option<crate::args::engine::Weights>,
+    /// `--algorithm apo`: the initial prompt template, a file of Python `str.format` text
+    /// (`{name}` fields, `{{` and `}}` for braces) [default with --runner sql: the SQL agent's
+    /// write template, fields {question} and {schema}].
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt_template_text")]
+    prompt_template: Option<PathBuf>,
+    /// `--algorithm apo`: the initial prompt template as text.
+    #[arg(long, value_name = "TEXT")]
+    prompt_template_text: Option<String>,
+    /// `--algorithm apo`: the resource name the agents read the template from.
+    #[arg(long, default_value = agl_train::apo::DEFAULT_TEMPLATE_RESOURCE, value_name = "NAME")]
+    template_resource: String,
+    /// `--algorithm apo`: the optimizer, any OpenAI-compatible server (its `/v1` URL)
+    /// [default: the built-in engine serving --model].
+    #[arg(long, value_name = "URL")]
+    optimizer_base_url: Option<String>,
+    /// API key of --optimizer-base-url.
+    #[arg(
+        long,
+        env = "AGL_OPTIMIZER_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    optimizer_api_key: Option<String>,
+    /// `--algorithm apo`: the model of both the critic and the editor [default with the
+    /// built-in engine: its model].
+    #[arg(long, value_name = "NAME")]
+    optimizer_model: Option<String>,
+    /// `--algorithm apo`: the critic's model, which writes the textual gradient (Agent
+    /// Lightning's gradient_model) [default: --optimizer-model].
+    #[arg(long, value_name = "NAME")]
+    gradient_model: Option<String>,
+    /// `--algorithm apo`: the editor's model, which applies it (Agent Lightning's edit_model)
+    /// [default: --optimizer-model].
+    #[arg(long, value_name = "NAME")]
+    edit_model: Option<String>,
+    /// `--algorithm apo`: candidates kept after each round.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    beam_width: usize,
+    /// `--algorithm apo`: children written per parent per round.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    branch_factor: usize,
+    /// `--algorithm apo`: rounds of the search.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    beam_rounds: usize,
+    /// `--algorithm apo`: training tasks run per critique (the rollouts the critic reads).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    gradient_batch_size: usize,
+    /// `--algorithm apo`: validation tasks every candidate is scored on per round (the leader
+    /// is then scored on all of them, the first --eval-limit of --val-dataset).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    val_batch_size: usize,
+    /// `--algorithm apo`: sampling temperature of the critic (the editor's is 1.0).
+    #[arg(long, default_value_t = 1.0, value_name = "T")]
+    diversity_temperature: f64,
+    /// `--algorithm apo`: do not score the seed template before the first round.
+    #[arg(long)]
+    no_initial_validation: bool,
+    /// `--algorithm apo`: a critique prompt file replacing the built-in ones (repeat for
+    /// several; one is drawn per critique): optional first line `system: …`, then the user
+    /// message with the fields {prompt_template} and {experiments}.
+    #[arg(long, value_name = "FILE")]
+    critique_prompt: Vec<PathBuf>,
+    /// `--algorithm apo`: an edit prompt file replacing the built-in ones (repeatable), with
+    /// the fields {prompt_template}, {critique} and {placeholders}.
+    #[arg(long, value_name = "FILE")]
+    edit_prompt: Vec<PathBuf>,
     #[command(flatten)]
     llm: llm::LlmTrainArgs,
     /// Spider data directory [default: the vendored data/spider of this repository].
@@ -399,6 +472,9 @@ pub enum TrainAgent {
 
 /// Runs `agl train`.
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
+    if !args.trains_llm() && args.weights.is_some() {
+        anyhow::bail!("--weights applies to --agent llm and --algorithm (the scorer has no LLM)");
+    }
     if args.trains_llm() {
         let shared = llm::SharedArgs {
             data: crate::args::data::data_dir(args.data.clone()),
@@ -450,6 +526,28 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                     "--algorithm needs --train-dataset FILE (or, for sft, --demonstrations FILE)"
                 ),
             };
+            let apo_flags = args.prompt_template.is_some()
+                || args.prompt_template_text.is_some()
+                || args.optimizer_base_url.is_some()
+                || args.optimizer_model.is_some()
+                || args.gradient_model.is_some()
+                || args.edit_model.is_some()
+                || !args.critique_prompt.is_empty()
+                || !args.edit_prompt.is_empty();
+            if algorithm != any::Algorithm::Apo && apo_flags {
+                anyhow::bail!(
+                    "--prompt-template, --optimizer-* and the critic's and editor's flags apply \
+                     to --algorithm apo"
+                );
+            }
+            if algorithm != any::Algorithm::Apo
+                && args.weights == Some(crate::args::engine::Weights::Q8)
+            {
+                anyhow::bail!(
+                    "--weights q8 serves only; {} trains the dense weights",
+                    algorithm.as_str()
+                );
+            }
             let any = any::AnyArgs {
                 algorithm,
                 source,
@@ -471,10 +569,48 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                 store_url: args.store_url.clone(),
                 auth_token: args.token.auth_token.clone(),
             };
+            if algorithm == any::Algorithm::Apo {
+                let seed = match (&args.prompt_template, &args.prompt_template_text) {
+                    (Some(p), _) => apo::SeedTemplate::File(p.clone()),
+                    (None, Some(t)) => apo::SeedTemplate::Text(t.clone()),
+                    (None, None) => apo::SeedTemplate::Default,
+                };
+                let apo_args = apo::ApoArgs {
+                    seed,
+                    template_resource: args.template_resource.clone(),
+                    base_url: args.optimizer_base_url.clone(),
+                    api_key: args.optimizer_api_key.clone(),
+                    gradient_model: args
+                        .gradient_model
+                        .clone()
+                        .or_else(|| args.optimizer_model.clone()),
+                    edit_model: args
+                        .edit_model
+                        .clone()
+                        .or_else(|| args.optimizer_model.clone()),
+                    config: agl_train::apo::ApoConfig {
+                        beam_width: args.beam_width,
+                        branch_factor: args.branch_factor,
+                        beam_rounds: args.beam_rounds,
+                        gradient_batch_size: args.gradient_batch_size,
+                        val_batch_size: args.val_batch_size,
+                        diversity_temperature: args.diversity_temperature,
+                        run_initial_validation: !args.no_initial_validation,
+                        ..agl_train::apo::ApoConfig::default()
+                    },
+                    critique_prompts: args.critique_prompt.clone(),
+                    edit_prompts: args.edit_prompt.clone(),
+                    weights: args.weights.unwrap_or(crate::args::engine::Weights::Q8),
+                };
+                return apo::run(shared, args.llm, any, apo_args);
+            }
             return any::run(shared, args.llm, any);
         }
         if args.demonstrations.is_some() {
             anyhow::bail!("--demonstrations needs --algorithm sft");
+        }
+        if args.weights == Some(crate::args::engine::Weights::Q8) {
+            anyhow::bail!("--weights q8 serves only; --agent llm trains the dense weights");
         }
         if args.store_url.is_some() || args.runner_processes > 0 || args.audit_log.is_some() {
             anyhow::bail!(
