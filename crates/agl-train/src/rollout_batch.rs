@@ -275,6 +275,9 @@ pub async fn run_batch_with<T: Serialize>(
 
     let started = Instant::now();
     let stop = CancellationToken::new();
+    // A batch whose future is dropped (an interrupted search or loop) stops its workers: they
+    // take no further rollout, and the server they call can shut down.
+    let _stop_on_drop = stop.clone().drop_guard();
     let mut workers = pool.spawn(store, plan.workers.min(ids.len()), &stop);
     let mut seen: HashSet<String> = HashSet::new();
     let external = pool.external();
@@ -645,5 +648,45 @@ mod tests {
             panic!("no proxy_llm");
         };
         assert_eq!(llm.sampling_parameters["seed"], json!(7));
+    }
+
+    /// Workers that take nothing and wait until they are told to stop; the pool keeps the
+    /// tokens it was given.
+    struct IdlePool(std::sync::Mutex<Vec<CancellationToken>>);
+
+    impl RunnerPool for IdlePool {
+        fn spawn(
+            &self,
+            _store: &Arc<dyn LightningStore>,
+            count: usize,
+            stop: &CancellationToken,
+        ) -> Vec<JoinHandle<Result<IterReport, TrainError>>> {
+            self.0.lock().unwrap().push(stop.clone());
+            (0..count)
+                .map(|_| {
+                    let stop = stop.clone();
+                    tokio::spawn(async move {
+                        stop.cancelled().await;
+                        Ok(IterReport::default())
+                    })
+                })
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_batch_stops_its_workers() {
+        let store: Arc<dyn LightningStore> = Arc::new(InMemoryLightningStore::new());
+        let pool = IdlePool(std::sync::Mutex::new(Vec::new()));
+        let plan = plan(2);
+        let batch = run_batch(&store, &pool, &plan, &[1u32, 2], |_, _| {});
+        let waited = tokio::time::timeout(Duration::from_millis(600), batch).await;
+        assert!(waited.is_err(), "the idle workers never finish the batch");
+        let tokens = pool.0.lock().unwrap().clone();
+        assert_eq!(tokens.len(), 1);
+        assert!(
+            tokens[0].is_cancelled(),
+            "dropping the batch cancels its workers' token"
+        );
     }
 }
