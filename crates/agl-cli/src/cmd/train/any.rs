@@ -409,6 +409,26 @@ pub(super) fn rollout_config(any: &AnyArgs) -> RolloutConfig {
     }
 }
 
+/// The gateway's kernel for one training mode, from the resolved `--policy` (named `flag` in
+/// errors).
+pub(super) fn gateway_kernel(
+    policy: &PolicyFile,
+    flag: &str,
+    mode: TrainingMode,
+) -> anyhow::Result<Arc<agl_gov::Kernel>> {
+    Ok(Arc::new(
+        crate::kernel::build_kernel(
+            policy,
+            &BuildEnv {
+                mode: Some(mode.kernel_mode()),
+                ..BuildEnv::default()
+            },
+            None,
+        )
+        .with_context(|| format!("--policy {flag}"))?,
+    ))
+}
+
 /// The checks of the serving flags (`--rollout-timeout`, `--max-attempts`, `--store` and
 /// `--store-url`, `--advertise-url`), before anything is loaded.
 pub(super) fn check_serving(any: &AnyArgs) -> anyhow::Result<()> {
@@ -548,19 +568,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
     let sql_data = super::sql_runner::prepare(&any.runner, &shared.data, &mut train, &mut val)?;
     let policy = PolicyFile::resolve(&shared.policy)
         .with_context(|| format!("--policy {}", shared.policy))?;
-    let kernel_for = |mode: TrainingMode| -> anyhow::Result<Arc<agl_gov::Kernel>> {
-        Ok(Arc::new(
-            crate::kernel::build_kernel(
-                &policy,
-                &BuildEnv {
-                    mode: Some(mode.kernel_mode()),
-                    ..BuildEnv::default()
-                },
-                None,
-            )
-            .with_context(|| format!("--policy {}", shared.policy))?,
-        ))
-    };
+    let kernel_for = |mode: TrainingMode| gateway_kernel(&policy, &shared.policy, mode);
     // A policy file that does not build fails before the model is loaded.
     kernel_for(shared.modes[0])?;
     let triplets = TracerTraceToTriplet::new(

@@ -34,11 +34,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agl_core::{FStringTemplate, RolloutMode};
-use agl_gov::{BuildEnv, PolicyFile};
+use agl_gov::PolicyFile;
 use agl_train::apo::{
     Apo, ApoConfig, ApoObserver, ApoReport, CandidateRecord, OpenAiTextModel, OptimizerPrompt,
     OptimizerPrompts, PromptKind, StoreEvaluator,
@@ -253,17 +252,7 @@ pub fn run(
     )?;
     let policy = PolicyFile::resolve(&shared.policy)
         .with_context(|| format!("--policy {}", shared.policy))?;
-    let kernel = Arc::new(
-        crate::kernel::build_kernel(
-            &policy,
-            &BuildEnv {
-                mode: Some(mode.kernel_mode()),
-                ..BuildEnv::default()
-            },
-            None,
-        )
-        .with_context(|| format!("--policy {}", shared.policy))?,
-    );
+    let kernel = any::gateway_kernel(&policy, &shared.policy, mode)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
