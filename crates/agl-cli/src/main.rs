@@ -15,6 +15,7 @@ mod kernel;
 mod llm_stage;
 mod out;
 mod remote;
+mod spider_task;
 
 use std::process::ExitCode;
 

@@ -5,7 +5,7 @@
 //! `--task-reward` shaped by the mode's `PolicyReward` on the runner side.
 //!
 //! Tasks are lines of `agl spider tasks` (or serialised questions), turned into the agent's
-//! input ([`crate::cmd::spider::task_question`]) before they are enqueued; the databases are
+//! input ([`crate::spider_task::task_question`]) before they are enqueued; the databases are
 //! those of `--data`. The agent reads its LLM from the `--llm-resource` resource and its write
 //! prompt's user message from the `prompt_template` resource when there is one (APO).
 //!
@@ -31,7 +31,7 @@ fn questions(tasks: &[Value], flag: &str, dataset: &SpiderDataset) -> anyhow::Re
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let q = crate::cmd::spider::task_question(t)
+            let q = crate::spider_task::task_question(t)
                 .map_err(|e| anyhow::anyhow!("{flag}: task {}: {e}", i + 1))?;
             if !dataset.db_path(&q.db_id).is_file() {
                 bail!(
