@@ -309,10 +309,16 @@ pub fn run(
             .clone()
             .unwrap_or_else(|| server.url.clone());
         let endpoint = format!("{}/v1", advertised.trim_end_matches('/'));
-        println!(
-            "agl train: store and gateway listening on {} (advertised as {endpoint})",
-            server.url
-        );
+        match &any.store_url {
+            Some(url) => println!(
+                "agl train: gateway listening on {} (advertised as {endpoint}), store {url}",
+                server.url
+            ),
+            None => println!(
+                "agl train: store and gateway listening on {} (advertised as {endpoint})",
+                server.url
+            ),
+        }
         let store_hint = any.store_url.clone().unwrap_or_else(|| server.url.clone());
         let pool = any::runner_pool(
             &any,
