@@ -21,7 +21,7 @@ pub fn task_question(task: &Value) -> Result<Question, String> {
             Some(Value::String(s)) => Ok(s.clone()),
             Some(other) => Err(format!(
                 "field `{name}` must be a string, not {}",
-                json_kind(other)
+                agl_train::dataset::json_kind(other)
             )),
             None => Err(format!(
                 "missing field `{name}` (a task of `agl spider tasks` has id, db_id, question, \
@@ -41,17 +41,6 @@ pub fn task_question(task: &Value) -> Result<Question, String> {
         question: text("question")?,
         gold_sql: text("gold")?,
     })
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub fn load_dataset(path: &Path) -> Result<Vec<Value>, TrainError> {
                 return Err(TrainError::Config(format!(
                     "{shown}: expected a JSON array of tasks, found {} (use .jsonl for one task \
                      per line)",
-                    kind(&other)
+                    json_kind(&other)
                 )));
             }
             Err(e) => return Err(TrainError::Config(format!("{shown}: not JSON: {e}"))),
@@ -81,7 +81,9 @@ pub fn load_dataset(path: &Path) -> Result<Vec<Value>, TrainError> {
     Ok(tasks)
 }
 
-fn kind(v: &Value) -> &'static str {
+/// What kind of JSON value `v` is, for error messages: `null`, `a boolean`, `a number`, `a
+/// string`, `an array`, `an object`.
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

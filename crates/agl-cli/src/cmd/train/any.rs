@@ -614,199 +614,181 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs, any: AnyArgs) -> anyhow::Resu
             root.clone()
         };
         let result = rt.block_on(async {
-        let server = Server::start(&any, store.clone(), gateway).await?;
-        let advertised = any
-            .advertise_url
-            .clone()
-            .unwrap_or_else(|| server.url.clone());
-        let advertised = advertised.trim_end_matches('/').to_string();
-        let endpoint = format!("{advertised}/v1");
-        {
-            use std::io::Write;
-            match &any.store_url {
-                Some(url) => println!(
-                    "agl train: gateway listening on {} (advertised as {endpoint}), store {url}",
-                    server.url
-                ),
-                None => println!(
-                    "agl train: store and gateway listening on {} (advertised as {endpoint})",
-                    server.url
-                ),
-            }
-            let _ = std::io::stdout().flush();
-        }
-        let store_hint = any.store_url.clone().unwrap_or_else(|| server.url.clone());
-        let pool = runner_pool(
-            &any,
-            &shared,
-            &args,
-            mode,
-            &store_hint,
-            sql_data.as_ref(),
-            &[&train, &val],
-        )?;
-        let rollout_config = rollout_config(&any);
-        let serving = EngineServing {
-            engine: engine.clone(),
-            base: base_name.clone(),
-            endpoint: endpoint.clone(),
-        };
-        // Resources ids of this run: one store may hold several runs (and modes).
-        let run_id = format!(
-            "agl-train-{}-{}-{mode}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis())
-        );
-        let validate = |model: String, label: &'static str| {
-            let plan = BatchPlan {
-                resources_id: format!("{run_id}-val-{label}"),
-                llm_resource: any.llm_resource.clone(),
-                endpoint: endpoint.clone(),
-                model,
-                temperature: 0.0,
-                max_tokens: args.max_tokens,
-                seed: Some(shared.seed),
-                mode: RolloutMode::Test,
-                workers: shared.workers,
-                config: Some(rollout_config.clone()),
-            };
-            let (store, pool, val) = (&store, pool.as_ref(), &val);
-            async move {
-                if val.is_empty() {
-                    return Ok::<_, anyhow::Error>(None);
-                }
-                let bar = progress_bar("val", val.len() as u64, 5);
-                let (finished, seconds) =
-                    agl_train::run_batch(store, pool, &plan, val, |_, _| bar.inc(1)).await?;
-                bar.finish_and_clear();
-                let summary = ValSummary::of(&finished, seconds);
-                eprintln!(
-                    "{label} training: validation reward {:.3} ± {:.3} ({} tasks, {} without \
-                     reward, {} failed, violation rate {:.3}, {:.0} s)",
-                    summary.mean_reward,
-                    summary.ci95,
-                    summary.tasks,
-                    summary.unrewarded,
-                    summary.failed,
-                    summary.violation_rate,
-                    summary.seconds
-                );
-                Ok(Some(summary))
-            }
-        };
-        // The seed's PolicyReward, on the algorithm side: the agent's reward less the
-        // penalties of the violations its attempt recorded (shaped in `enforce` only).
-        let reward =
-            PolicyReward::<(), ()>::new(RewardConfig::default()).with_shaping(mode.shapes_reward());
-        let (mut trainee, state) = match any.algorithm {
-            Algorithm::Grpo | Algorithm::Apo => {
-                let (g, st) = learner(&engine, &shared, &args, &settings, mode, resume.as_ref())?;
-                (Trainee::Grpo(g), st)
-            }
-            Algorithm::Sft => {
-                let (adapter, vars, start) =
-                    initial_adapter(&engine, &shared, &args, &settings, None)?;
-                let config = agl_train::LlmSftConfig {
-                    learning_rate: shared.lr,
-                    max_grad_norm: settings.grpo.max_grad_norm,
-                    micro_batch: settings.grpo.micro_batch,
-                    micro_batch_cells: settings.grpo.micro_batch_cells,
-                    ..any.sft.clone()
-                };
-                let mut st =
-                    trainer_state(&shared, &args, &settings, mode, start, adapter.config());
-                st.algorithm = "sft".into();
-                st.sft = Some(config.clone());
-                let sft = agl_train::LlmSft::new(engine.model().clone(), adapter, vars, config)?;
-                (Trainee::Sft(sft), st)
-            }
-        };
-        let demo_samples = match &any.source {
-            Source::Demonstrations(p) => {
-                let template = engine.chat_template().ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "--demonstrations: the model has no chat template to render them with"
-                    )
-                })?;
-                agl_train::demonstration_samples(
-                    &demos,
-                    template,
-                    engine.tokenizer(),
-                    &p.display().to_string(),
-                    engine.max_context(),
-                )
-                .map_err(|e| anyhow::anyhow!("--demonstrations: {e}"))?
-            }
-            Source::Tasks(_) => Vec::new(),
-        };
-        let start_step = state.step;
-        let before_model = match &resume {
-            Some((dir, st)) => {
-                let name = agl_train::policy_version(st.step);
-                engine.load_adapter(&name, dir)?;
-                name
-            }
-            None => base_name.clone(),
-        };
-        let before = validate(before_model.clone(), "before").await?;
-        if before_model != base_name {
-            serving.retire(&before_model);
-        }
-        let mut printer = AnyPrinter {
-            bar: progress_bar(
-                mode.as_str(),
-                match any.source {
-                    Source::Tasks(_) => rollouts_to_run(&shared, &args, start_step),
-                    Source::Demonstrations(_) => (args.steps - start_step) as u64,
-                },
-                5,
-            ),
-            steps: args.steps,
-            rollouts: 0,
-            curve: Vec::new(),
-        };
-        let served = match (&mut trainee, &any.source) {
-            (Trainee::Sft(sft), Source::Demonstrations(_)) => fit_demonstrations(
-                sft,
-                &demo_samples,
-                &state,
+            let server = Server::start(&any, store.clone(), gateway).await?;
+            let (endpoint, store_hint) = server.announce(&any);
+            let pool = runner_pool(
+                &any,
+                &shared,
                 &args,
-                &checkpoint_root,
-                shared.checkpoint_every,
-                &serving,
-                &mut printer,
-            )?,
-            _ => {
-                let training = LlmLoop {
-                    config: LlmLoopConfig {
-                        resources_prefix: run_id.clone(),
-                        llm_resource: any.llm_resource.clone(),
-                        checkpoint_dir: Some(checkpoint_root.clone()),
-                        rollout_config: Some(rollout_config.clone()),
-                        ..loop_config(&shared, &args, mode, start_step)
-                    },
-                    store: &store,
-                    runners: pool.as_ref(),
-                    serving: &serving,
-                    triplets: &triplets,
-                    tasks: &train,
-                    judge: &|f| Judged::shaped(f, &reward),
+                mode,
+                &store_hint,
+                sql_data.as_ref(),
+                &[&train, &val],
+            )?;
+            let rollout_config = rollout_config(&any);
+            let serving = EngineServing {
+                engine: engine.clone(),
+                base: base_name.clone(),
+                endpoint: endpoint.clone(),
+            };
+            // Resources ids of this run: one store may hold several runs (and modes).
+            let run_id = format!(
+                "agl-train-{}-{}-{mode}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            );
+            let validate = |model: String, label: &'static str| {
+                let plan = BatchPlan {
+                    resources_id: format!("{run_id}-val-{label}"),
+                    llm_resource: any.llm_resource.clone(),
+                    endpoint: endpoint.clone(),
+                    model,
+                    temperature: 0.0,
+                    max_tokens: args.max_tokens,
+                    seed: Some(shared.seed),
+                    mode: RolloutMode::Test,
+                    workers: shared.workers,
+                    config: Some(rollout_config.clone()),
                 };
-                training
-                    .run(trainee.learner(), &state, &mut printer)
-                    .await?
+                let (store, pool, val) = (&store, pool.as_ref(), &val);
+                async move {
+                    if val.is_empty() {
+                        return Ok::<_, anyhow::Error>(None);
+                    }
+                    let bar = progress_bar("val", val.len() as u64, 5);
+                    let (finished, seconds) =
+                        agl_train::run_batch(store, pool, &plan, val, |_, _| bar.inc(1)).await?;
+                    bar.finish_and_clear();
+                    let summary = ValSummary::of(&finished, seconds);
+                    eprintln!(
+                        "{label} training: validation reward {:.3} ± {:.3} ({} tasks, {} without \
+                     reward, {} failed, violation rate {:.3}, {:.0} s)",
+                        summary.mean_reward,
+                        summary.ci95,
+                        summary.tasks,
+                        summary.unrewarded,
+                        summary.failed,
+                        summary.violation_rate,
+                        summary.seconds
+                    );
+                    Ok(Some(summary))
+                }
+            };
+            // The seed's PolicyReward, on the algorithm side: the agent's reward less the
+            // penalties of the violations its attempt recorded (shaped in `enforce` only).
+            let reward = PolicyReward::<(), ()>::new(RewardConfig::default())
+                .with_shaping(mode.shapes_reward());
+            let (mut trainee, state) = match any.algorithm {
+                Algorithm::Grpo | Algorithm::Apo => {
+                    let (g, st) =
+                        learner(&engine, &shared, &args, &settings, mode, resume.as_ref())?;
+                    (Trainee::Grpo(g), st)
+                }
+                Algorithm::Sft => {
+                    let (adapter, vars, start) =
+                        initial_adapter(&engine, &shared, &args, &settings, None)?;
+                    let config = agl_train::LlmSftConfig {
+                        learning_rate: shared.lr,
+                        max_grad_norm: settings.grpo.max_grad_norm,
+                        micro_batch: settings.grpo.micro_batch,
+                        micro_batch_cells: settings.grpo.micro_batch_cells,
+                        ..any.sft.clone()
+                    };
+                    let mut st =
+                        trainer_state(&shared, &args, &settings, mode, start, adapter.config());
+                    st.algorithm = "sft".into();
+                    st.sft = Some(config.clone());
+                    let sft =
+                        agl_train::LlmSft::new(engine.model().clone(), adapter, vars, config)?;
+                    (Trainee::Sft(sft), st)
+                }
+            };
+            let demo_samples = match &any.source {
+                Source::Demonstrations(p) => {
+                    let template = engine.chat_template().ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--demonstrations: the model has no chat template to render them with"
+                        )
+                    })?;
+                    agl_train::demonstration_samples(
+                        &demos,
+                        template,
+                        engine.tokenizer(),
+                        &p.display().to_string(),
+                        engine.max_context(),
+                    )
+                    .map_err(|e| anyhow::anyhow!("--demonstrations: {e}"))?
+                }
+                Source::Tasks(_) => Vec::new(),
+            };
+            let start_step = state.step;
+            let before_model = match &resume {
+                Some((dir, st)) => {
+                    let name = agl_train::policy_version(st.step);
+                    engine.load_adapter(&name, dir)?;
+                    name
+                }
+                None => base_name.clone(),
+            };
+            let before = validate(before_model.clone(), "before").await?;
+            if before_model != base_name {
+                serving.retire(&before_model);
             }
-        };
-        printer.bar.finish_and_clear();
-        let after = validate(served.clone(), "after").await?;
-        if served != base_name {
-            serving.retire(&served);
-        }
-        server.shutdown().await?;
-        Ok::<_, anyhow::Error>((before, after, printer.curve, reward.stats(), state.sft))
-    });
+            let mut printer = AnyPrinter {
+                bar: progress_bar(
+                    mode.as_str(),
+                    match any.source {
+                        Source::Tasks(_) => rollouts_to_run(&shared, &args, start_step),
+                        Source::Demonstrations(_) => (args.steps - start_step) as u64,
+                    },
+                    5,
+                ),
+                steps: args.steps,
+                rollouts: 0,
+                curve: Vec::new(),
+            };
+            let served = match (&mut trainee, &any.source) {
+                (Trainee::Sft(sft), Source::Demonstrations(_)) => fit_demonstrations(
+                    sft,
+                    &demo_samples,
+                    &state,
+                    &args,
+                    &checkpoint_root,
+                    shared.checkpoint_every,
+                    &serving,
+                    &mut printer,
+                )?,
+                _ => {
+                    let training = LlmLoop {
+                        config: LlmLoopConfig {
+                            resources_prefix: run_id.clone(),
+                            llm_resource: any.llm_resource.clone(),
+                            checkpoint_dir: Some(checkpoint_root.clone()),
+                            rollout_config: Some(rollout_config.clone()),
+                            ..loop_config(&shared, &args, mode, start_step)
+                        },
+                        store: &store,
+                        runners: pool.as_ref(),
+                        serving: &serving,
+                        triplets: &triplets,
+                        tasks: &train,
+                        judge: &|f| Judged::shaped(f, &reward),
+                    };
+                    training
+                        .run(trainee.learner(), &state, &mut printer)
+                        .await?
+                }
+            };
+            printer.bar.finish_and_clear();
+            let after = validate(served.clone(), "after").await?;
+            if served != base_name {
+                serving.retire(&served);
+            }
+            server.shutdown().await?;
+            Ok::<_, anyhow::Error>((before, after, printer.curve, reward.stats(), state.sft))
+        });
         let (before, after, curve, reward_stats, sft_config) = match result {
             Ok(r) => r,
             Err(e) => {
@@ -1150,6 +1132,27 @@ impl Server {
             url: format!("http://{local}"),
             running: Running::Gateway { stop, task },
         })
+    }
+
+    /// Prints where it listens and where the store is; returns the gateway's `/v1` URL as
+    /// agents reach it (`--advertise-url`, else this server) and the store URL runners use.
+    pub(super) fn announce(&self, any: &AnyArgs) -> (String, String) {
+        use std::io::Write;
+        let advertised = any.advertise_url.as_deref().unwrap_or(&self.url);
+        let endpoint = format!("{}/v1", advertised.trim_end_matches('/'));
+        match &any.store_url {
+            Some(url) => println!(
+                "agl train: gateway listening on {} (advertised as {endpoint}), store {url}",
+                self.url
+            ),
+            None => println!(
+                "agl train: store and gateway listening on {} (advertised as {endpoint})",
+                self.url
+            ),
+        }
+        let _ = std::io::stdout().flush();
+        let store = any.store_url.clone().unwrap_or_else(|| self.url.clone());
+        (endpoint, store)
     }
 
     pub(super) async fn shutdown(self) -> anyhow::Result<()> {

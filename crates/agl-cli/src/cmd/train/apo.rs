@@ -304,22 +304,7 @@ pub fn run(
             request_timeout: timeout,
         };
         let server = Server::start(&any, store.clone(), gateway).await?;
-        let advertised = any
-            .advertise_url
-            .clone()
-            .unwrap_or_else(|| server.url.clone());
-        let endpoint = format!("{}/v1", advertised.trim_end_matches('/'));
-        match &any.store_url {
-            Some(url) => println!(
-                "agl train: gateway listening on {} (advertised as {endpoint}), store {url}",
-                server.url
-            ),
-            None => println!(
-                "agl train: store and gateway listening on {} (advertised as {endpoint})",
-                server.url
-            ),
-        }
-        let store_hint = any.store_url.clone().unwrap_or_else(|| server.url.clone());
+        let (endpoint, store_hint) = server.announce(&any);
         let pool = any::runner_pool(
             &any,
             &shared,
