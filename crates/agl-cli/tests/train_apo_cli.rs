@@ -144,6 +144,16 @@ fn bad_input_is_one_line_before_anything_runs() {
         "q8",
     ]);
     assert_one_line_error(&o, 1, "--weights q8 serves only");
+    let o = agl(&[
+        "train",
+        "--algorithm",
+        "sft",
+        "--train-dataset",
+        &tasks,
+        "--weights",
+        "hybrid",
+    ]);
+    assert_one_line_error(&o, 1, "--weights hybrid serves only; sft trains");
 }
 
 #[test]

@@ -52,13 +52,18 @@ pub enum Weight {
     /// activations are quantized too, as in llama.cpp, so outputs differ from the dense
     /// model's, and no gradient flows through it.
     Quantized(Arc<QTensor>, Arc<QMatMul>),
+    /// Both: the dense f32 matrix for prompt prefill and training-free forwards of many rows
+    /// (one GEMM; candle's Q8_0 kernel prefills about 3x slower on CPU) and the Q8_0 blocks
+    /// for decoding steps (few rows, bound by memory traffic: 3.8x less than dense). Serving
+    /// only, at the memory of both (see [`crate::loader::WeightFormat::Hybrid`]).
+    Hybrid(Tensor, Arc<QTensor>, Arc<QMatMul>),
 }
 
 impl Weight {
     /// The weight as a dense f32 tensor (dequantized when quantized).
     pub fn to_dense(&self) -> Result<Tensor> {
         match self {
-            Weight::Dense(t) => Ok(t.clone()),
+            Weight::Dense(t) | Weight::Hybrid(t, ..) => Ok(t.clone()),
             Weight::Quantized(q, _) => Ok(q.dequantize(&q.device())?),
         }
     }
@@ -89,9 +94,15 @@ impl Linear {
     /// the weight.
     fn forward(&self, x: &Tensor, lora: Option<(&LoraPair, f64)>, ops: Ops) -> Result<Tensor> {
         let y = match (&self.weight, ops) {
-            (Weight::Dense(w), Ops::Differentiable) => frozen::frozen_matmul(x, w)?,
-            (Weight::Dense(w), Ops::Fused) => frozen::dense_matmul(x, w)?,
-            (Weight::Quantized(_, q), _) => q.forward(x)?,
+            (Weight::Dense(w) | Weight::Hybrid(w, ..), Ops::Differentiable) => {
+                frozen::frozen_matmul(x, w)?
+            }
+            (Weight::Dense(w), Ops::Fused | Ops::Decode) | (Weight::Hybrid(w, ..), Ops::Fused) => {
+                frozen::dense_matmul(x, w)?
+            }
+            (Weight::Quantized(_, q), _) | (Weight::Hybrid(_, _, q), Ops::Decode) => {
+                q.forward(x)?
+            }
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -110,7 +121,7 @@ impl Linear {
     /// formed. `x: [n, in]`, `g: [n, out]` (a constant) → a scalar.
     fn dot(&self, x: &Tensor, lora: Option<(&LoraPair, f64)>, g: &Tensor) -> Result<Tensor> {
         let base = match &self.weight {
-            Weight::Dense(w) => frozen::constant_dot(x, &g.matmul(w)?)?,
+            Weight::Dense(w) | Weight::Hybrid(w, ..) => frozen::constant_dot(x, &g.matmul(w)?)?,
             Weight::Quantized(..) => {
                 (self.forward(x, None, Ops::Differentiable)? * g)?.sum_all()?
             }
@@ -413,13 +424,16 @@ enum Ops {
     Differentiable,
     /// candle's fused kernels (no backward).
     Fused,
+    /// As [`Ops::Fused`], for a decoding step: [`Weight::Hybrid`] uses its quantized blocks.
+    Decode,
 }
 
 impl LlamaModel {
     /// Builds the model from tensors named as in Hugging Face checkpoints
     /// (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`, …,
     /// `model.norm.weight`, `lm_head.weight` unless tied): f32 tensors in `dense`, and linear
-    /// weights that should stay quantized in `quantized` (the embedding and norms are dense).
+    /// weights that should stay quantized in `quantized` (the embedding and norms are dense);
+    /// a linear weight in both maps is held as [`Weight::Hybrid`].
     pub fn from_weights(
         cfg: ModelConfig,
         mut dense: HashMap<String, Tensor>,
@@ -461,8 +475,14 @@ impl LlamaModel {
                                 ),
                             ));
                         }
-                        let mm = QMatMul::from_arc(Arc::clone(&q))?;
-                        Weight::Quantized(q, Arc::new(mm))
+                        let mm = Arc::new(QMatMul::from_arc(Arc::clone(&q))?);
+                        match take_dense(&name) {
+                            Ok(w) => {
+                                check_shape(source, &name, &w, &[out, inp])?;
+                                Weight::Hybrid(w, q, mm)
+                            }
+                            Err(_) => Weight::Quantized(q, mm),
+                        }
                     }
                     None => {
                         let w = take_dense(&name)?;
@@ -498,11 +518,20 @@ impl LlamaModel {
                     "lm_head.weight does not match the vocabulary and hidden size",
                 ));
             }
-            let mm = QMatMul::from_arc(Arc::clone(&q))?;
-            Linear {
-                weight: Weight::Quantized(q, Arc::new(mm)),
-                bias: None,
-            }
+            let mm = Arc::new(QMatMul::from_arc(Arc::clone(&q))?);
+            let weight = match take_dense("lm_head.weight") {
+                Ok(w) => {
+                    check_shape(
+                        source,
+                        "lm_head.weight",
+                        &w,
+                        &[cfg.vocab_size, cfg.hidden_size],
+                    )?;
+                    Weight::Hybrid(w, q, mm)
+                }
+                Err(_) => Weight::Quantized(q, mm),
+            };
+            Linear { weight, bias: None }
         } else if cfg.tie_word_embeddings {
             Linear {
                 weight: Weight::Dense(embed.clone()),
@@ -789,10 +818,10 @@ impl LlamaModel {
         );
         for (layer, block) in self.blocks.iter().enumerate() {
             let lora = |t: Target| lora_of(adapter, layer, t);
-            let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, Ops::Fused)?;
-            let q = block.q.forward(&hn, lora(Target::Q), Ops::Fused)?;
-            let k = block.k.forward(&hn, lora(Target::K), Ops::Fused)?;
-            let v = block.v.forward(&hn, lora(Target::V), Ops::Fused)?;
+            let hn = rms_norm(&x, &block.attn_norm, cfg.rms_norm_eps, Ops::Decode)?;
+            let q = block.q.forward(&hn, lora(Target::Q), Ops::Decode)?;
+            let k = block.k.forward(&hn, lora(Target::K), Ops::Decode)?;
+            let v = block.v.forward(&hn, lora(Target::V), Ops::Decode)?;
             let mut outs = Vec::with_capacity(groups.len());
             let mut row = 0;
             for g in groups.iter() {
@@ -812,23 +841,23 @@ impl LlamaModel {
                     .transpose(1, 2)?;
                 let cos = self.cos.narrow(0, pos, 1)?;
                 let sin = self.sin.narrow(0, pos, 1)?;
-                let qg = rope(&qg, &cos, &sin, Ops::Fused)?;
-                let kg = rope(&kg, &cos, &sin, Ops::Fused)?;
+                let qg = rope(&qg, &cos, &sin, Ops::Decode)?;
+                let kg = rope(&kg, &cos, &sin, Ops::Decode)?;
                 g.cache.write(layer, &kg, &vg)?;
                 let (kk, vv) = g.cache.view(layer, pos + 1)?;
-                let o = attend(&qg, &kk, &vv, None, cfg.kv_groups(), Ops::Fused)?;
+                let o = attend(&qg, &kk, &vv, None, cfg.kv_groups(), Ops::Decode)?;
                 outs.push(o.reshape((r, h * hd))?);
                 row += r;
             }
             let attn = Tensor::cat(&outs, 0)?;
-            x = (x + block.o.forward(&attn, lora(Target::O), Ops::Fused)?)?;
-            x = (&x + self.mlp(block, &x, layer, adapter, Ops::Fused)?)?;
+            x = (x + block.o.forward(&attn, lora(Target::O), Ops::Decode)?)?;
+            x = (&x + self.mlp(block, &x, layer, adapter, Ops::Decode)?)?;
         }
         for g in groups.iter_mut() {
             g.cache.len += 1;
         }
-        let x = rms_norm(&x, &self.norm, cfg.rms_norm_eps, Ops::Fused)?;
-        let logits = self.lm_head.forward(&x, None, Ops::Fused)?;
+        let x = rms_norm(&x, &self.norm, cfg.rms_norm_eps, Ops::Decode)?;
+        let logits = self.lm_head.forward(&x, None, Ops::Decode)?;
         Ok(logits)
     }
 
@@ -838,7 +867,7 @@ impl LlamaModel {
         let cos = self.cos.narrow(0, start, t)?;
         let sin = self.sin.narrow(0, start, t)?;
         match ops {
-            Ops::Fused => Ok((cos, sin)),
+            Ops::Fused | Ops::Decode => Ok((cos, sin)),
             // The composed rope multiplies by full-width tables: repeat the halves once, not
             // per layer.
             Ops::Differentiable => Ok((
@@ -1088,7 +1117,7 @@ fn check_shape(source: &std::path::Path, name: &str, t: &Tensor, want: &[usize])
 /// RMSNorm over the last dimension: `x / √(mean(x²) + ε) · w`.
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, ops: Ops) -> Result<Tensor> {
     match ops {
-        Ops::Fused => Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?),
+        Ops::Fused | Ops::Decode => Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?),
         Ops::Differentiable => {
             let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
             Ok(x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)?)
@@ -1101,7 +1130,7 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, ops: Ops) -> Result<Tensor> {
 /// composed ops.
 fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
     match ops {
-        Ops::Fused => Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?),
+        Ops::Fused | Ops::Decode => Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)?),
         Ops::Differentiable => {
             let hd = x.dim(D::Minus1)?;
             let x1 = x.narrow(D::Minus1, 0, hd / 2)?;
@@ -1154,7 +1183,7 @@ fn attend(
         None => scores,
     };
     let probs = match ops {
-        Ops::Fused => candle_nn::ops::softmax_last_dim(&scores)?,
+        Ops::Fused | Ops::Decode => candle_nn::ops::softmax_last_dim(&scores)?,
         Ops::Differentiable => candle_nn::ops::softmax(&scores, D::Minus1)?,
     };
     let out = probs.matmul(&v.contiguous()?)?; // [b, kvh, groups * t, hd]

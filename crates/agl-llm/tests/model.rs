@@ -734,6 +734,67 @@ fn load_q8(path: std::path::PathBuf) -> agl_llm::LoadedModel {
     .unwrap()
 }
 
+/// Hybrid weights are the dense model while a prompt prefills and the q8 model while it
+/// decodes, to the bit: prefill logits equal the dense model's, and a decoding step from the
+/// same cache equals the q8 model's step, with and without an unmerged adapter. Neither
+/// trainable nor mergeable.
+#[test]
+fn hybrid_weights_prefill_as_dense_and_decode_as_q8() {
+    let (Some(path), Some(lm)) = (common::model_path(), common::loaded()) else {
+        return;
+    };
+    let q8 = load_q8(path.clone());
+    let hybrid = agl_llm::load(
+        &agl_llm::ModelFiles::Gguf(path),
+        &Device::Cpu,
+        agl_llm::WeightFormat::Hybrid,
+    )
+    .unwrap();
+    let mc = lm.model.config();
+    assert!(!hybrid.model.is_dense());
+    let (adapter, vars) =
+        LoraAdapter::new_trainable(LoraConfig::default(), mc, &Device::Cpu, 3).unwrap();
+    for v in vars.iter().skip(1).step_by(2) {
+        v.set(&seeded(v.dims(), 0.03, 11)).unwrap();
+    }
+    let e = hybrid
+        .model
+        .merge_adapter(&adapter)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dense"), "{e}");
+    for (q, a) in [(QUESTIONS[0], None), (QUESTIONS[1], Some(&adapter))] {
+        let prompt = common::chat_prompt(lm, q);
+        let prefill = |m: &agl_llm::LlamaModel| {
+            let mut cache = agl_llm::KvCache::new(mc, 1, prompt.len() + 2, &Device::Cpu).unwrap();
+            let logits = m.prefill(&prompt, &mut cache, a).unwrap();
+            (logits, cache)
+        };
+        let (dense_logits, cache) = prefill(&lm.model);
+        let (hybrid_logits, _) = prefill(&hybrid.model);
+        assert_eq!(
+            max_abs_diff(&dense_logits, &hybrid_logits),
+            0.0,
+            "{q}: prefill"
+        );
+        let step = |m: &agl_llm::LlamaModel| {
+            let mut copy = agl_llm::KvCache::new(mc, 1, prompt.len() + 2, &Device::Cpu).unwrap();
+            copy.fill_prefix(&cache, prompt.len()).unwrap();
+            let mut cache = copy;
+            let mut groups = [agl_llm::model::DecodeGroup {
+                tokens: &[42],
+                cache: &mut cache,
+            }];
+            m.decode(&mut groups, a).unwrap()
+        };
+        let (q8_step, hybrid_step, dense_step) =
+            (step(&q8.model), step(&hybrid.model), step(&lm.model));
+        assert_eq!(max_abs_diff(&q8_step, &hybrid_step), 0.0, "{q}: decode");
+        // Not the dense step: the decode really read the Q8_0 blocks.
+        assert!(max_abs_diff(&dense_step, &hybrid_step) > 0.0, "{q}: decode");
+    }
+}
+
 #[test]
 fn a_lora_adapter_unmerged_on_q8_weights_tracks_the_dense_adapted_model() {
     let (Some(path), Some(lm)) = (common::model_path(), common::loaded()) else {

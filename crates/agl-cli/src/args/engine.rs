@@ -20,6 +20,9 @@ pub enum Weights {
     Dense,
     /// GGML Q8_0 blocks: faster decoding, serving only.
     Q8,
+    /// Both: prompts prefill through the dense weights, decoding reads the Q8_0 blocks
+    /// (fastest on a CPU, at the memory of both); serving only.
+    Hybrid,
 }
 
 impl Weights {
@@ -28,6 +31,16 @@ impl Weights {
         match self {
             Weights::Dense => WeightFormat::Dense,
             Weights::Q8 => WeightFormat::Q8,
+            Weights::Hybrid => WeightFormat::Hybrid,
+        }
+    }
+
+    /// The flag's value (`dense`, `q8`, `hybrid`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Weights::Dense => "dense",
+            Weights::Q8 => "q8",
+            Weights::Hybrid => "hybrid",
         }
     }
 }
@@ -74,8 +87,9 @@ reads_as_str!(DeviceArg, device);
 pub struct EngineArgs {
     #[command(flatten)]
     pub model: ModelArg,
-    /// How to hold the linear weights: `dense` (f32: exact, what training recomputes) or `q8`
-    /// (GGML Q8_0 blocks: faster decoding, serving only; output follows llama.cpp's).
+    /// How to hold the linear weights: `dense` (f32: exact, what training recomputes), `q8`
+    /// (GGML Q8_0 blocks: faster decoding, serving only; output follows llama.cpp's) or
+    /// `hybrid` (both: prompts prefill dense, decoding reads Q8_0; serving only).
     #[arg(long, value_enum, default_value = "dense")]
     pub weights: Weights,
     #[command(flatten)]

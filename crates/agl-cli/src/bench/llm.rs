@@ -409,7 +409,7 @@ pub fn run(args: &LlmBenchArgs) -> anyhow::Result<ExitCode> {
     for w in formats {
         let name = match w {
             crate::args::engine::Weights::Dense => "f32",
-            crate::args::engine::Weights::Q8 => "q8",
+            w => w.as_str(),
         };
         eprintln!("loading {source} ({name}) …");
         let loaded = agl_llm::load(&files, &device, w.format())?;

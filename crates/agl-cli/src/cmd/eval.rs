@@ -136,7 +136,8 @@ pub struct EvalArgs {
     upstream: crate::args::gateway::UpstreamArgs,
     #[command(flatten)]
     device: DeviceArg,
-    /// How the built-in engine holds the linear weights: dense (f32) or q8 (faster decoding).
+    /// How the built-in engine holds the linear weights: dense (f32), q8 (faster decoding) or
+    /// hybrid (prompts prefill dense, decoding reads q8: fastest here, at the memory of both).
     #[arg(long, value_enum, default_value = "dense")]
     weights: Weights,
     /// The llm agent's write prompt: its user message as a Python `str.format` template with

@@ -85,7 +85,7 @@ pub struct ServeArgs {
     llm: Option<String>,
     #[command(flatten)]
     upstream: UpstreamArgs,
-    /// --llm weights: dense (f32, what training recomputes) or q8 (serving only).
+    /// --llm weights: dense (f32, what training recomputes), q8 or hybrid (serving only).
     #[arg(long, value_enum, default_value = "dense")]
     llm_weights: crate::args::engine::Weights,
     /// --llm device: cpu, cuda, cuda:N or auto.

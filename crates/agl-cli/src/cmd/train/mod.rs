@@ -119,8 +119,9 @@ pub struct TrainArgs {
     /// Name of the LLM resource published to the agents (--algorithm).
     #[arg(long, default_value = agl_train::DEFAULT_LLM_RESOURCE, value_name = "NAME")]
     llm_resource: String,
-    /// How the engine holds its weights: dense (f32; grpo, sft and --agent llm train these)
-    /// or q8 (faster decoding, serving only) [default: q8 for --algorithm apo, else dense].
+    /// How the engine holds its weights: dense (f32; grpo, sft and --agent llm train these),
+    /// q8 (faster decoding) or hybrid (prompts prefill dense, decoding reads q8), both serving
+    /// only [default: q8 for --algorithm apo, else dense].
     #[arg(long, value_enum)]
     weights: Option<crate::args::engine::Weights>,
     /// `--algorithm apo`: the initial prompt template, a file of Python `str.format` text
@@ -540,11 +541,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
                      to --algorithm apo"
                 );
             }
-            if algorithm != any::Algorithm::Apo
-                && args.weights == Some(crate::args::engine::Weights::Q8)
-            {
+            if let Some(w) = args.weights.filter(|w| {
+                algorithm != any::Algorithm::Apo && *w != crate::args::engine::Weights::Dense
+            }) {
                 anyhow::bail!(
-                    "--weights q8 serves only; {} trains the dense weights",
+                    "--weights {} serves only; {} trains the dense weights",
+                    w.as_str(),
                     algorithm.as_str()
                 );
             }
@@ -609,8 +611,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         if args.demonstrations.is_some() {
             anyhow::bail!("--demonstrations needs --algorithm sft");
         }
-        if args.weights == Some(crate::args::engine::Weights::Q8) {
-            anyhow::bail!("--weights q8 serves only; --agent llm trains the dense weights");
+        if let Some(w) = args
+            .weights
+            .filter(|w| *w != crate::args::engine::Weights::Dense)
+        {
+            anyhow::bail!(
+                "--weights {} serves only; --agent llm trains the dense weights",
+                w.as_str()
+            );
         }
         if args.store_url.is_some() || args.runner_processes > 0 || args.audit_log.is_some() {
             anyhow::bail!(
