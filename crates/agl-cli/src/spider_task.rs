@@ -21,7 +21,7 @@ pub fn task_question(task: &Value) -> Result<Question, String> {
             Some(Value::String(s)) => Ok(s.clone()),
             Some(other) => Err(format!(
                 "field `{name}` must be a string, not {}",
-                agl_train::dataset::json_kind(other)
+                agl_core::json_kind(other)
             )),
             None => Err(format!(
                 "missing field `{name}` (a task of `agl spider tasks` has id, db_id, question, \

@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod ids;
+pub mod json;
 pub mod resources;
 pub mod rollout;
 pub mod semconv;
@@ -20,6 +21,7 @@ pub use ids::{
     LATEST, new_attempt_id, new_resources_id, new_rollout_id, new_span_id, new_trace_id,
     now_seconds,
 };
+pub use json::json_kind;
 pub use resources::{
     LlmResource, NamedResources, PromptEngine, PromptTemplate, Resource, ResourcesUpdate,
 };

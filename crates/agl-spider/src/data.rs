@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use agl_core::json_kind;
+
 use crate::error::SpiderError;
 
 /// File name of the train split under the data root (7000 questions; fields `question`,
@@ -249,17 +251,6 @@ fn parse_question_file(path: &Path) -> Result<Vec<(String, String, String)>, Spi
             Ok((field("db_id")?, field("question")?, field("query")?))
         })
         .collect()
-}
-
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

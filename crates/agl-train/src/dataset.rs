@@ -17,6 +17,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use agl_core::json_kind;
+
 use crate::error::TrainError;
 
 /// Reads the tasks of `path` (see the module docs), in file order.
@@ -79,19 +81,6 @@ pub fn load_dataset(path: &Path) -> Result<Vec<Value>, TrainError> {
         return Err(TrainError::Config(format!("{shown}: no tasks")));
     }
     Ok(tasks)
-}
-
-/// What kind of JSON value `v` is, for error messages: `null`, `a boolean`, `a number`, `a
-/// string`, `an array`, `an object`.
-pub fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]
