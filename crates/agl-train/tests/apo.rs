@@ -232,6 +232,29 @@ async fn the_beam_search_follows_agent_lightnings_steps_and_keeps_the_best() {
     assert_eq!(r2.skips.critique_unusable, 1);
     assert_eq!(r2.skips.placeholders_differ, 1);
     assert_eq!(report.skips.total(), 4);
+    // Each skip is kept with what the optimiser said: the failed critique has neither text, the
+    // refused edit keeps its critique and answer.
+    let skipped: Vec<(usize, Option<&str>, Option<&str>)> = report
+        .skipped
+        .iter()
+        .map(|s| (s.round, s.critique.as_deref(), s.edit.as_deref()))
+        .collect();
+    assert_eq!(skipped.len(), 4);
+    assert_eq!((skipped[0].0, skipped[0].1, skipped[0].2), (1, None, None));
+    assert!(report.skipped[0].reason.contains("gave no answer"));
+    let refused = report
+        .skipped
+        .iter()
+        .find(|s| s.reason.contains("placeholders"))
+        .unwrap();
+    assert!(refused.critique.is_some());
+    assert!(
+        refused
+            .edit
+            .as_deref()
+            .is_some_and(|e| e.contains("{question} {hint}"))
+    );
+    assert_eq!(refused.parent, "run-v0");
     assert_eq!(
         (report.best.as_str(), report.best_score),
         ("run-v3", Some(0.875))

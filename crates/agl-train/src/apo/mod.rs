@@ -321,6 +321,26 @@ pub struct CandidateRecord {
     pub optimizer_tokens: Tokens,
 }
 
+/// A child that was not made: what the optimiser answered and why it was refused. JSON fields
+/// as named.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SkippedChild {
+    /// The round.
+    pub round: usize,
+    /// The parent's version.
+    pub parent: String,
+    /// Why it was skipped (one line).
+    pub reason: String,
+    /// The critique, when the critic answered.
+    pub critique: Option<String>,
+    /// The editor's whole answer, when it answered.
+    pub edit: Option<String>,
+    /// The parent's score on the training batch the critique read.
+    pub train_batch: Score,
+    /// Optimiser tokens spent on it.
+    pub optimizer_tokens: Tokens,
+}
+
 /// One round. JSON fields as named.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RoundRecord {
@@ -361,6 +381,8 @@ pub struct ApoReport {
     pub best_score: Option<f64>,
     /// Children skipped, by reason (an interrupted round's included).
     pub skips: Skips,
+    /// Every skipped child, in order, with the critique and edit that were refused.
+    pub skipped: Vec<SkippedChild>,
     /// Optimiser tokens in all, skipped children's included.
     pub optimizer_tokens: Tokens,
     /// Whether the run was interrupted before its last round ended.
@@ -523,6 +545,7 @@ impl Apo<'_> {
             best: self.version(0),
             best_score: None,
             skips: Skips::default(),
+            skipped: Vec::new(),
             optimizer_tokens: Tokens::default(),
             interrupted: false,
         };
@@ -572,13 +595,19 @@ impl Apo<'_> {
                         .await?;
                     match outcome {
                         Child::Interrupted => return Ok(self.interrupted(report)),
-                        Child::Skipped(tokens, why, reason) => {
-                            round_tokens.add_tokens(tokens);
-                            report.optimizer_tokens.add_tokens(tokens);
+                        Child::Skipped(skipped, why) => {
+                            round_tokens.add_tokens(skipped.optimizer_tokens);
+                            report.optimizer_tokens.add_tokens(skipped.optimizer_tokens);
                             why.count(&mut round_skips);
                             why.count(&mut report.skips);
-                            observer.child(round, None, Some(&reason));
-                            tracing::warn!(round, parent = %parent, "APO: no child: {reason}");
+                            observer.child(round, None, Some(&skipped.reason));
+                            tracing::warn!(
+                                round,
+                                parent = %parent,
+                                "APO: no child: {}",
+                                skipped.reason
+                            );
+                            report.skipped.push(*skipped);
                         }
                         Child::Made(version) => {
                             let rec = report.record(&version);
@@ -743,6 +772,22 @@ impl Apo<'_> {
             .map(|c| c.template.clone())
             .unwrap_or_default();
         let mut tokens = Tokens::default();
+        let skip = |tokens: Tokens,
+                    why: SkipWhy,
+                    reason: String,
+                    critique: Option<&str>,
+                    edit: Option<&str>| {
+            let skipped = SkippedChild {
+                round,
+                parent: parent.to_string(),
+                reason,
+                critique: critique.map(str::to_string),
+                edit: edit.map(str::to_string),
+                train_batch: train_score.clone(),
+                optimizer_tokens: tokens,
+            };
+            Ok(Child::Skipped(Box::new(skipped), why))
+        };
         let critique_prompt = self.prompts.pick(PromptKind::Critique, rng);
         let edit_prompt = self.prompts.pick(PromptKind::Edit, rng);
         let messages = critique_prompt.render_critique(&parent_template, &experiments)?;
@@ -753,22 +798,26 @@ impl Apo<'_> {
                 c.text
             }
             Some(Err(e)) => {
-                return Ok(Child::Skipped(
+                return skip(
                     tokens,
                     SkipWhy::CritiqueFailed,
                     format!(
                         "the critic ({}) gave no answer: {e}",
                         self.config.gradient_model
                     ),
-                ));
+                    None,
+                    None,
+                );
             }
         };
         if !usable_critique(&critique) {
-            return Ok(Child::Skipped(
+            return skip(
                 tokens,
                 SkipWhy::CritiqueUnusable,
                 format!("the critique is not usable text: {:?}", clip(&critique, 80)),
-            ));
+                Some(&critique),
+                None,
+            );
         }
         let parent_parsed = FStringTemplate::parse(&parent_template)
             .map_err(|e| TrainError::Config(format!("candidate {parent}: {e}")))?;
@@ -782,43 +831,51 @@ impl Apo<'_> {
                 c.text
             }
             Some(Err(e)) => {
-                return Ok(Child::Skipped(
+                return skip(
                     tokens,
                     SkipWhy::EditFailed,
                     format!(
                         "the editor ({}) gave no answer: {e}",
                         self.config.edit_model
                     ),
-                ));
+                    Some(&critique),
+                    None,
+                );
             }
         };
         let Some(template) = extract_template(&answer) else {
-            return Ok(Child::Skipped(
+            return skip(
                 tokens,
                 SkipWhy::EditUnusable,
                 "the edit holds no template".into(),
-            ));
+                Some(&critique),
+                Some(&answer),
+            );
         };
         let parsed = match FStringTemplate::parse(&template) {
             Ok(p) => p,
             Err(e) => {
-                return Ok(Child::Skipped(
+                return skip(
                     tokens,
                     SkipWhy::InvalidTemplate,
                     format!("the edit is not a valid template: {e}"),
-                ));
+                    Some(&critique),
+                    Some(&answer),
+                );
             }
         };
         let child_placeholders = owned_placeholders(&parsed);
         if child_placeholders != placeholders {
-            return Ok(Child::Skipped(
+            return skip(
                 tokens,
                 SkipWhy::PlaceholdersDiffer,
                 format!(
                     "the edit's placeholders {:?} differ from its parent's {:?}",
                     child_placeholders, placeholders
                 ),
-            ));
+                Some(&critique),
+                Some(&answer),
+            );
         }
         report.optimizer_tokens.add_tokens(tokens);
         let version = self.version(report.candidates.len());
@@ -840,7 +897,7 @@ impl Apo<'_> {
 /// What became of one child.
 enum Child {
     Made(String),
-    Skipped(Tokens, SkipWhy, String),
+    Skipped(Box<SkippedChild>, SkipWhy),
     Interrupted,
 }
 
