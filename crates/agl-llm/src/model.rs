@@ -442,9 +442,7 @@ impl LlamaModel {
         source: &std::path::Path,
     ) -> Result<Self> {
         let mut take_dense = |name: &str| -> Result<Tensor> {
-            dense
-                .remove(name)
-                .ok_or_else(|| LlmError::model_file(source, format!("missing tensor {name}")))
+            dense.remove(name).ok_or_else(|| missing(source, name))
         };
         let embed = take_dense("model.embed_tokens.weight")?;
         check_shape(
@@ -463,33 +461,9 @@ impl LlamaModel {
             let mlp_norm = take_dense(&format!("{p}.post_attention_layernorm.weight"))?;
             let mut linear = |module: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
                 let name = format!("{p}.{module}.weight");
-                let weight = match quantized.remove(&name) {
-                    Some(q) => {
-                        if q.shape().dims() != [out, inp] {
-                            return Err(LlmError::model_file(
-                                source,
-                                format!(
-                                    "tensor {name} has shape {:?}, the config needs {:?}",
-                                    q.shape().dims(),
-                                    [out, inp]
-                                ),
-                            ));
-                        }
-                        let mm = Arc::new(QMatMul::from_arc(Arc::clone(&q))?);
-                        match take_dense(&name) {
-                            Ok(w) => {
-                                check_shape(source, &name, &w, &[out, inp])?;
-                                Weight::Hybrid(w, q, mm)
-                            }
-                            Err(_) => Weight::Quantized(q, mm),
-                        }
-                    }
-                    None => {
-                        let w = take_dense(&name)?;
-                        check_shape(source, &name, &w, &[out, inp])?;
-                        Weight::Dense(w)
-                    }
-                };
+                let kept = (quantized.remove(&name), take_dense(&name).ok());
+                let weight = linear_weight(source, &name, kept, &[out, inp])?
+                    .ok_or_else(|| missing(source, &name))?;
                 let bias = if bias {
                     Some(take_dense(&format!("{p}.{module}.bias"))?)
                 } else {
@@ -511,44 +485,15 @@ impl LlamaModel {
                 down: linear("mlp.down_proj", h, f, false)?,
             });
         }
-        let lm_head = if let Some(q) = quantized.remove("lm_head.weight") {
-            if q.shape().dims() != [cfg.vocab_size, cfg.hidden_size] {
-                return Err(LlmError::model_file(
-                    source,
-                    "lm_head.weight does not match the vocabulary and hidden size",
-                ));
-            }
-            let mm = Arc::new(QMatMul::from_arc(Arc::clone(&q))?);
-            let weight = match take_dense("lm_head.weight") {
-                Ok(w) => {
-                    check_shape(
-                        source,
-                        "lm_head.weight",
-                        &w,
-                        &[cfg.vocab_size, cfg.hidden_size],
-                    )?;
-                    Weight::Hybrid(w, q, mm)
-                }
-                Err(_) => Weight::Quantized(q, mm),
-            };
-            Linear { weight, bias: None }
-        } else if cfg.tie_word_embeddings {
-            Linear {
+        let head = "lm_head.weight";
+        let kept = (quantized.remove(head), take_dense(head).ok());
+        let lm_head = match linear_weight(source, head, kept, &[cfg.vocab_size, cfg.hidden_size])? {
+            Some(weight) => Linear { weight, bias: None },
+            None if cfg.tie_word_embeddings => Linear {
                 weight: Weight::Dense(embed.clone()),
                 bias: None,
-            }
-        } else {
-            let w = take_dense("lm_head.weight")?;
-            check_shape(
-                source,
-                "lm_head.weight",
-                &w,
-                &[cfg.vocab_size, cfg.hidden_size],
-            )?;
-            Linear {
-                weight: Weight::Dense(w),
-                bias: None,
-            }
+            },
+            None => return Err(missing(source, head)),
         };
         let inv_freq = cfg.rope_inv_freq();
         let half = inv_freq.len();
@@ -1099,6 +1044,42 @@ struct Past<'a> {
     prefix: Option<&'a [(Tensor, Tensor)]>,
     /// Receives per layer `(keys, values)` of the tokens run.
     collect: Option<&'a mut Vec<(Tensor, Tensor)>>,
+}
+
+/// The error for a tensor the model needs and the file lacks.
+fn missing(source: &std::path::Path, name: &str) -> LlmError {
+    LlmError::model_file(source, format!("missing tensor {name}"))
+}
+
+/// The linear weight `name` from what the loader kept of it, `(Q8_0 blocks, dense matrix)`:
+/// [`Weight::Quantized`], [`Weight::Dense`] or, with both, [`Weight::Hybrid`]; each checked
+/// against `want` (`[out, in]`). `None` when neither was kept.
+fn linear_weight(
+    source: &std::path::Path,
+    name: &str,
+    (quantized, dense): (Option<Arc<QTensor>>, Option<Tensor>),
+    want: &[usize],
+) -> Result<Option<Weight>> {
+    if let Some(w) = &dense {
+        check_shape(source, name, w, want)?;
+    }
+    let Some(q) = quantized else {
+        return Ok(dense.map(Weight::Dense));
+    };
+    if q.shape().dims() != want {
+        return Err(LlmError::model_file(
+            source,
+            format!(
+                "tensor {name} has shape {:?}, the config needs {want:?}",
+                q.shape().dims()
+            ),
+        ));
+    }
+    let mm = Arc::new(QMatMul::from_arc(Arc::clone(&q))?);
+    Ok(Some(match dense {
+        Some(w) => Weight::Hybrid(w, q, mm),
+        None => Weight::Quantized(q, mm),
+    }))
 }
 
 fn check_shape(source: &std::path::Path, name: &str, t: &Tensor, want: &[usize]) -> Result<()> {
