@@ -190,7 +190,7 @@ fn select(
 
 fn selection_text(args: &EvalArgs, n: usize) -> String {
     match args.every {
-        Some(k) => format!("every {k}th question, {n} questions"),
+        Some(k) => format!("every {k}-th question, {n} questions"),
         None => format!("{n} questions from position {}", args.offset),
     }
 }
