@@ -190,7 +190,10 @@ fn select(
 
 fn selection_text(args: &EvalArgs, n: usize) -> String {
     match args.every {
-        Some(k) => format!("every {k}-th question, {n} questions"),
+        Some(k) => format!(
+            "one question in {k} (positions 0, {k}, {}, …), {n} questions",
+            2 * k
+        ),
         None => format!("{n} questions from position {}", args.offset),
     }
 }
