@@ -47,6 +47,14 @@ user message is rendered from the rollout's ``PromptTemplate`` resource (fields 
 ``schema``), so ``agl train --algorithm apo`` can optimise it; each rollout's stderr line also
 names the ``resources_id`` and the ``template`` it read.
 
+Agent Lightning's own APO publishes each candidate as ``{"prompt_template": …}`` alone, with no
+LLM resource; for it, ``--prompt-template --llm-endpoint URL --llm-model NAME`` makes the agent
+``spider_env_prompt_agent``, which takes its LLM from those flags instead of the resources: a
+``ProxyLLM`` on ``URL`` (an agl gateway's ``…/v1``), so each call still goes to the attempt's
+route (``URL`` without ``/v1`` + ``/rollout/<rid>/attempt/<aid>/v1``) and is recorded and
+governed on that attempt; greedy, at most ``--max-tokens`` tokens (default 512, as
+``LlmSqlAgent``). ``scripts/bench/apo_side_by_side.sh`` runs it under both optimisers.
+
 With ``--tool`` (or ``SPIDER_AGENT_TOOL=1``, for the runner mode) the agent offers the model a
 ``run_sql`` tool (``{"query": string}``) and forces it with ``tool_choice``, so its SQL goes
 through agl's gateway as a tool call, where a policy file that marks ``run_sql.query`` as SQL
@@ -225,6 +233,30 @@ if agl is not None:
             await client.close()
 
 
+    # --llm-endpoint/--llm-model/--max-tokens (runner mode): the LLM of spider_env_prompt_agent.
+    ENV_LLM: Dict[str, Any] = {}
+
+    @agl.rollout
+    async def spider_env_prompt_agent(
+        task: Dict[str, Any], prompt_template: agl.PromptTemplate, rollout: agl.Rollout
+    ) -> float:
+        """``spider_prompt_agent`` for algorithms that publish only the prompt template (Agent
+        Lightning's APO): the LLM is ``ENV_LLM``'s endpoint and model (a ``ProxyLLM``, so the call
+        goes to the attempt's route), greedy, at most ``ENV_LLM["max_tokens"]`` tokens."""
+        llm = ProxyLLM(
+            endpoint=ENV_LLM["endpoint"],
+            model=ENV_LLM["model"],
+            sampling_parameters={"temperature": 0.0, "max_tokens": ENV_LLM["max_tokens"]},
+        )
+        client = _client(llm, rollout)
+        try:
+            return await solve(
+                client, llm.model, task, sampling(llm.sampling_parameters), prompt_template, rollout.resources_id
+            )
+        finally:
+            await client.close()
+
+
 def _stop_on_signals() -> None:
     """SIGINT and SIGTERM raise KeyboardInterrupt, which agentlightning's execution strategy
     turns into a cooperative stop of every runner. Needed because a shell starts background
@@ -257,7 +289,12 @@ def run_runner(args: argparse.Namespace) -> int:
         tracer=tracer,
         runner=LitAgentRunner(tracer, max_rollouts=args.max_rollouts, poll_interval=args.poll_interval),
     )
-    trainer.fit(spider_prompt_agent if args.prompt_template else spider_agent)
+    if args.llm_endpoint is not None:
+        ENV_LLM.update(endpoint=args.llm_endpoint, model=args.llm_model, max_tokens=args.max_tokens)
+        agent = spider_env_prompt_agent
+    else:
+        agent = spider_prompt_agent if args.prompt_template else spider_agent
+    trainer.fit(agent)
     return 0
 
 
@@ -319,7 +356,17 @@ def main() -> int:
         action="store_true",
         help="render the user message from the rollout's prompt_template resource (agl train --algorithm apo)",
     )
+    parser.add_argument(
+        "--llm-endpoint",
+        help="with --prompt-template: the agent's LLM (an agl gateway's …/v1) when the resources carry none",
+    )
+    parser.add_argument("--llm-model", help="with --llm-endpoint: the model name to request")
+    parser.add_argument(
+        "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="with --llm-endpoint: tokens per answer"
+    )
     args = parser.parse_args()
+    if args.llm_endpoint is not None and (not args.prompt_template or not args.llm_model or args.store_url is None):
+        parser.error("--llm-endpoint needs --store-url, --prompt-template and --llm-model")
     logging.basicConfig(level=os.environ.get("SPIDER_AGENT_LOG", "WARNING"))
     if args.exec:
         return run_exec()

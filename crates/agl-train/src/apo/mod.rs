@@ -492,13 +492,14 @@ fn score(round: usize, experiments: &[Experiment]) -> Score {
 }
 
 /// The template of an edit's answer: the text between the first `<prompt>` and the last
-/// `</prompt>`, else the whole answer; one enclosing code fence is removed. `None` when that
-/// leaves nothing.
+/// `</prompt>`; else between the first `<template>` and the last `</template>` (the wrapper the
+/// edit prompts show the old template in, which small models echo back instead of `<prompt>`,
+/// as Qwen2.5-Coder-1.5B-Instruct does); else the whole answer. One enclosing
+/// code fence is removed. `None` when that leaves nothing.
 pub fn extract_template(answer: &str) -> Option<String> {
-    let inner = match (answer.find("<prompt>"), answer.rfind("</prompt>")) {
-        (Some(a), Some(b)) if a + "<prompt>".len() <= b => &answer[a + "<prompt>".len()..b],
-        _ => answer,
-    };
+    let inner = between(answer, "<prompt>", "</prompt>")
+        .or_else(|| between(answer, "<template>", "</template>"))
+        .unwrap_or(answer);
     let mut t = inner.trim();
     if let Some(rest) = t.strip_prefix("```")
         && let (Some(nl), Some(body)) = (rest.find('\n'), rest.trim_end().strip_suffix("```"))
@@ -507,6 +508,13 @@ pub fn extract_template(answer: &str) -> Option<String> {
         t = body[nl..].trim();
     }
     (!t.is_empty()).then(|| t.to_string())
+}
+
+/// The text between the first `open` and the last `close`, if both are there in that order.
+fn between<'a>(text: &'a str, open: &str, close: &str) -> Option<&'a str> {
+    let a = text.find(open)? + open.len();
+    let b = text.rfind(close)?;
+    (a <= b).then(|| &text[a..b])
 }
 
 /// Whether a critique is usable: some text that is not just punctuation, and not the
@@ -934,5 +942,36 @@ pub(crate) fn clip(s: &str, n: usize) -> String {
     match s.char_indices().nth(n) {
         Some((i, _)) => format!("{}…", &s[..i]),
         None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::extract_template;
+
+    #[test]
+    fn edits_are_read_from_prompt_tags_then_template_tags_then_whole() {
+        let t = |a: &str| extract_template(a);
+        assert_eq!(
+            t("Sure:\n<prompt>\nQ: {question}\n</prompt>\nDone.").as_deref(),
+            Some("Q: {question}")
+        );
+        // The wrapper of the old template, echoed back (seen with Qwen2.5-Coder-1.5B).
+        assert_eq!(
+            t("<template>\nQuestion: {question}\nOne SQL query.\n</template>").as_deref(),
+            Some("Question: {question}\nOne SQL query.")
+        );
+        // <prompt> wins when both are there.
+        assert_eq!(
+            t("<template>old</template> <prompt>new {q}</prompt>").as_deref(),
+            Some("new {q}")
+        );
+        assert_eq!(t("```text\nQ: {q}\n```").as_deref(), Some("Q: {q}"));
+        assert_eq!(t("Q: {q}").as_deref(), Some("Q: {q}"));
+        assert_eq!(t("<prompt>  </prompt>"), None);
+        assert_eq!(
+            t("</template> x <template>").as_deref(),
+            Some("</template> x <template>")
+        );
     }
 }
