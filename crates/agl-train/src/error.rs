@@ -17,9 +17,11 @@ pub enum TrainError {
     #[error(transparent)]
     Store(#[from] agl_store::StoreError),
     /// A tensor operation of the policy model failed.
+    #[cfg(feature = "llm")]
     #[error("policy model: {0}")]
     Model(#[from] candle_core::Error),
     /// The LLM engine or model failed (a forward pass, an adapter file).
+    #[cfg(feature = "llm")]
     #[error(transparent)]
     Llm(#[from] agl_llm::LlmError),
     /// A configuration value is out of range; the message names the field.

@@ -7,9 +7,12 @@
 //! Responsible for the task-agnostic pieces; not for a model, a loss over it or a training loop:
 //! the LLM learner is [`crate::LlmGrpo`]; the Spider scorer's learner is in `agl-spider`.
 
+#[cfg(feature = "llm")]
 use candle_core::Var;
+#[cfg(feature = "llm")]
 use candle_core::backprop::GradStore;
 
+#[cfg(feature = "llm")]
 use crate::error::TrainError;
 
 /// Group-normalised advantages of one group's rewards.
@@ -24,6 +27,7 @@ pub fn group_advantages(rewards: &[f64]) -> Vec<f64> {
     rewards.iter().map(|r| (r - mean) / (std + 1e-6)).collect()
 }
 
+#[cfg(feature = "llm")]
 /// Global L2-norm gradient clipping (candle has none): when the joint norm of the gradients
 /// of `vars` in `grads` exceeds `max_norm`, scales them to `max_norm`. Returns the norm before
 /// clipping.

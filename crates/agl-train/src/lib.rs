@@ -80,6 +80,7 @@
 pub mod apo;
 pub mod checkpoint;
 pub mod dataset;
+#[cfg(feature = "llm")]
 pub mod demonstrations;
 pub mod emitter;
 pub mod environment;
@@ -88,9 +89,13 @@ pub mod error;
 pub mod exec_runner;
 pub mod grpo;
 pub mod instrument;
+#[cfg(feature = "llm")]
 pub mod learner;
+#[cfg(feature = "llm")]
 pub mod llm_grpo;
+#[cfg(feature = "llm")]
 pub mod llm_loop;
+#[cfg(feature = "llm")]
 pub mod llm_sft;
 pub mod messages_adapter;
 pub mod paired;
@@ -102,6 +107,7 @@ pub mod training_mode;
 pub mod violation;
 
 pub use dataset::load_dataset;
+#[cfg(feature = "llm")]
 pub use demonstrations::{Demonstration, demonstration_samples, load_demonstrations};
 pub use emitter::{
     EmitterConfig, EmitterStats, FlightRecorderEmitter, LightningSpan, ViolationSummary,
@@ -118,16 +124,22 @@ pub use exec_runner::{
     DEFAULT_EXEC_TIMEOUT_SECONDS, ExecConfig, ExecReport, ExecRunners, STDERR_TAIL_BYTES,
     STDOUT_KEEP_BYTES, WhenIdle, parse_reward_line, run_exec_worker,
 };
-pub use grpo::{clip_grad_norm, group_advantages};
+#[cfg(feature = "llm")]
+pub use grpo::clip_grad_norm;
+pub use grpo::group_advantages;
 pub use instrument::{AGENT_NAME_ATTR, Operation};
+#[cfg(feature = "llm")]
 pub use learner::Learner;
+#[cfg(feature = "llm")]
 pub use llm_grpo::{
     LlmGrpo, LlmGrpoConfig, LlmStepStats, TokenSample, assign_advantages, samples_from_triplets,
 };
+#[cfg(feature = "llm")]
 pub use llm_loop::{
-    Judged, LlmLoop, LlmLoopConfig, LoopObserver, PolicyServing, StepOutcome, StepStats,
-    TRAINER_STATE, TrainerState, policy_version, save_checkpoint,
+    LlmLoop, LlmLoopConfig, LoopObserver, PolicyServing, StepOutcome, StepStats, TRAINER_STATE,
+    TrainerState, policy_version, save_checkpoint,
 };
+#[cfg(feature = "llm")]
 pub use llm_sft::{DEFAULT_TOP_FRACTION, LlmSft, LlmSftConfig, select_top_fraction};
 pub use messages_adapter::{Conversation, MessagesReport, TraceToMessages};
 pub use paired::{Paired, paired};
@@ -136,7 +148,7 @@ pub use reward::{
     RewardStats, create_policy_reward, policy_penalty,
 };
 pub use rollout_batch::{
-    BatchPlan, DEFAULT_LLM_RESOURCE, ExternalRunners, FinishedRollout, InProcessRunners,
+    BatchPlan, DEFAULT_LLM_RESOURCE, ExternalRunners, FinishedRollout, InProcessRunners, Judged,
     RunnerPool, run_batch, run_batch_with,
 };
 pub use runner::{

@@ -44,9 +44,9 @@ use serde::{Deserialize, Serialize};
 use crate::LlmGrpo;
 use crate::learner::Learner;
 use crate::llm_sft::LlmSftConfig;
-use crate::rollout_batch::{BatchPlan, FinishedRollout, RunnerPool, run_batch};
+use crate::rollout_batch::{BatchPlan, FinishedRollout, Judged, RunnerPool, run_batch};
 use crate::{
-    LlmGrpoConfig, LlmStepStats, PolicyReward, TracerTraceToTriplet, TrainError, TrainingMode,
+    LlmGrpoConfig, LlmStepStats, TracerTraceToTriplet, TrainError, TrainingMode,
     samples_from_triplets,
 };
 
@@ -157,74 +157,6 @@ pub fn save_checkpoint(
         std::fs::write(&path, &json).map_err(|source| TrainError::Io { path, source })
     })?;
     Ok(())
-}
-
-/// What a rollout means for training, as the task judges it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Judged {
-    /// Final reward (the algorithm's signal); `None` leaves the rollout out of the update (its
-    /// group is judged without it) and counts it in [`StepStats::unrewarded`].
-    pub reward: Option<f64>,
-    /// Violations the rollout had (`screen` drops the rollout when non-zero).
-    pub violations: usize,
-}
-
-impl Judged {
-    /// The judgement of an agent agl did not write, from what the store holds: the reward is
-    /// the final reward span of the latest attempt ([`semconv::find_final_reward`]: Agent
-    /// Lightning's `emit_reward` / a `@rollout`'s return value, or an exec agent's reported
-    /// reward), `None` when the attempt did not succeed (`failed`, `timeout`, …) or wrote no
-    /// reward; the violations are those the attempt's spans record: the runner's governance
-    /// annotation (`agent_os.violations`) when there is one, else one per violation span the
-    /// LLM gateway wrote ([`crate::gateway_violations`]).
-    pub fn from_spans(f: &FinishedRollout) -> Judged {
-        let reward = if f.succeeded() {
-            semconv::find_final_reward(&f.spans)
-        } else {
-            None
-        };
-        let annotated = f.spans.iter().rev().find_map(|sp| {
-            match sp.attributes.get(semconv::agent_os::VIOLATIONS) {
-                Some(AttributeValue::Int(n)) => Some(usize::try_from(*n).unwrap_or(0)),
-                _ => None,
-            }
-        });
-        let violations = annotated.unwrap_or_else(|| crate::gateway_violations(&f.spans).len());
-        Judged { reward, violations }
-    }
-
-    /// [`Judged::from_spans`] with the reward shaped on the algorithm side by `reward` (the
-    /// seed's `PolicyReward`, for agents whose runner does not shape it): the agent's reward is
-    /// the base, the gateway's violation spans of the attempt ([`crate::gateway_violations`])
-    /// are the violations, and the step succeeded when the attempt did and no violation was
-    /// blocked. A rollout with violations but no reward (typically an agent that stopped at a
-    /// blocked answer) gets base 0 and its penalties, so the block is a training signal; one
-    /// with neither stays `None`. Unchanged when `reward` does not shape
-    /// ([`PolicyReward::shaped`]: the training mode records only) or when the runner already
-    /// stored a shaped reward (a span with `agl.reward.unclamped`, which
-    /// [`crate::GovernedRunner`] writes with [`crate::GovernedRunner::with_reward`]).
-    pub fn shaped(f: &FinishedRollout, reward: &PolicyReward) -> Judged {
-        let plain = Judged::from_spans(f);
-        let already = f
-            .spans
-            .iter()
-            .any(|sp| sp.attributes.contains_key(semconv::agl::REWARD_UNCLAMPED));
-        if !reward.shaped() || already {
-            return plain;
-        }
-        let violations = crate::gateway_violations(&f.spans);
-        let base = match plain.reward {
-            Some(r) => r,
-            None if !violations.is_empty() => 0.0,
-            None => return plain,
-        };
-        let succeeded = f.succeeded() && !violations.iter().any(|v| v.action_blocked);
-        let shaped = reward.record(base, succeeded, &violations);
-        Judged {
-            reward: Some(shaped.final_reward),
-            violations: plain.violations.max(violations.len()),
-        }
-    }
 }
 
 /// The loop's settings.
@@ -565,6 +497,7 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PolicyReward;
     use agl_core::AttemptStatus;
 
     fn state() -> TrainerState {

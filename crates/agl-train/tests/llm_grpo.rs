@@ -3,6 +3,7 @@
 //! the trainer recomputes), an update moves the policy toward positive advantages and away from
 //! negative ones, a trained adapter survives the PEFT round trip and resumes as variables, and
 //! tokens a constraint forced stay out of the loss.
+#![cfg(feature = "llm")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -2,6 +2,7 @@
 //! as CI does before the tests): demonstrations are tokenised with the model's own chat
 //! template with only the assistant's tokens trained, SFT updates lower the demonstrations'
 //! negative log-likelihood, and a step with nothing to select trains nothing.
+#![cfg(feature = "llm")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -29,8 +29,8 @@ use serde_json::Value;
 
 use super::{Candidate, Experiment, PromptEvaluator, ViolationNote};
 use crate::error::TrainError;
-use crate::llm_loop::Judged;
 use crate::messages_adapter::TraceToMessages;
+use crate::rollout_batch::Judged;
 use crate::rollout_batch::{BatchPlan, FinishedRollout, RunnerPool, run_batch_with};
 use crate::runner::gateway_violations;
 
