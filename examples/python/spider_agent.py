@@ -224,6 +224,11 @@ if agl is not None:
         """``spider_agent`` with its user message rendered from the rollout's prompt template
         (``--prompt-template``: the candidates of ``agl train --algorithm apo``); Agent
         Lightning's ``@rollout`` hands it the first ``PromptTemplate`` resource."""
+        return await _solve_with_template(task, llm, rollout, prompt_template)
+
+    async def _solve_with_template(
+        task: Dict[str, Any], llm: agl.LLM, rollout: agl.Rollout, prompt_template: agl.PromptTemplate
+    ) -> float:
         client = _client(llm, rollout)
         try:
             return await solve(
@@ -248,13 +253,7 @@ if agl is not None:
             model=ENV_LLM["model"],
             sampling_parameters={"temperature": 0.0, "max_tokens": ENV_LLM["max_tokens"]},
         )
-        client = _client(llm, rollout)
-        try:
-            return await solve(
-                client, llm.model, task, sampling(llm.sampling_parameters), prompt_template, rollout.resources_id
-            )
-        finally:
-            await client.close()
+        return await _solve_with_template(task, llm, rollout, prompt_template)
 
 
 def _stop_on_signals() -> None:

@@ -32,6 +32,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "agl-server",
         ],
     ),
+    // The Python module: the kernel and the seed API, beside the CLI (nothing depends on it).
+    ("agl-py", &["agl-core", "agl-gov", "agl-store", "agl-train"]),
     (
         "agl-cli",
         &[
