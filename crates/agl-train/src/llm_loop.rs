@@ -497,8 +497,6 @@ impl<T: Serialize + Clone> LlmLoop<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::PolicyReward;
-    use agl_core::AttemptStatus;
 
     fn state() -> TrainerState {
         TrainerState {
@@ -718,125 +716,6 @@ mod tests {
         std::fs::write(&path, "{").unwrap();
         let e = TrainerState::read(dir.path()).unwrap_err().to_string();
         assert!(e.contains(TRAINER_STATE) && e.contains("malformed"), "{e}");
-    }
-
-    fn finished(status: AttemptStatus, spans: Vec<agl_core::Span>) -> FinishedRollout {
-        let rollout: Rollout = serde_json::from_value(serde_json::json!({
-            "rollout_id": "ro-1", "input": {"q": 1}, "start_time": 0.0, "status": "succeeded"
-        }))
-        .unwrap();
-        let attempt: Attempt = serde_json::from_value(serde_json::json!({
-            "rollout_id": "ro-1", "attempt_id": "at-1", "sequence_id": 1, "start_time": 0.0,
-            "status": status.as_str()
-        }))
-        .unwrap();
-        FinishedRollout {
-            rollout_id: "ro-1".into(),
-            index: 0,
-            rollout,
-            attempt: Some(attempt),
-            spans,
-        }
-    }
-
-    fn reward_span(seq: i64, value: f64) -> agl_core::Span {
-        agl_core::Span::new(
-            "ro-1",
-            "at-1",
-            seq,
-            semconv::AGL_ANNOTATION,
-            semconv::reward_attributes(&[("primary", value)]),
-        )
-    }
-
-    #[test]
-    fn an_outside_agent_is_judged_by_its_last_reward_span_and_its_violations() {
-        let mut gateway = agl_core::Attributes::new();
-        gateway.insert(semconv::SOURCE_ATTR.into(), semconv::SOURCE_GATEWAY.into());
-        gateway.insert("agent_os.violation.policy".into(), "sql".into());
-        gateway.insert("agent_os.violation.severity".into(), "high".into());
-        let spans = vec![
-            reward_span(1, 0.2),
-            agl_core::Span::new("ro-1", "at-1", 2, semconv::AGL_ANNOTATION, gateway),
-            reward_span(3, 0.9),
-        ];
-        let j = Judged::from_spans(&finished(AttemptStatus::Succeeded, spans.clone()));
-        assert_eq!(j.reward, Some(0.9));
-        assert_eq!(j.violations, 1);
-        // A failed or timed-out attempt has no reward, whatever its spans say.
-        for status in [AttemptStatus::Failed, AttemptStatus::Timeout] {
-            let j = Judged::from_spans(&finished(status, spans.clone()));
-            assert_eq!(j.reward, None, "{status:?}");
-        }
-        // No reward span: none.
-        let j = Judged::from_spans(&finished(AttemptStatus::Succeeded, Vec::new()));
-        assert_eq!(
-            j,
-            Judged {
-                reward: None,
-                violations: 0
-            }
-        );
-        // A runner's governance annotation, when present, is the count.
-        let mut counted = agl_core::Attributes::new();
-        counted.insert(semconv::agent_os::VIOLATIONS.into(), AttributeValue::Int(3));
-        let spans = vec![agl_core::Span::new(
-            "ro-1",
-            "at-1",
-            1,
-            semconv::AGL_ANNOTATION,
-            counted,
-        )];
-        let j = Judged::from_spans(&finished(AttemptStatus::Succeeded, spans));
-        assert_eq!(j.violations, 3);
-    }
-
-    fn gateway_violation(seq: i64, blocked: bool) -> agl_core::Span {
-        let mut a = agl_core::Attributes::new();
-        a.insert(semconv::SOURCE_ATTR.into(), semconv::SOURCE_GATEWAY.into());
-        a.insert("agent_os.violation.policy".into(), "sql".into());
-        a.insert("agent_os.violation.severity".into(), "high".into());
-        a.insert("agent_os.violation.blocked".into(), blocked.into());
-        agl_core::Span::new("ro-1", "at-1", seq, semconv::AGL_ANNOTATION, a)
-    }
-
-    #[test]
-    fn the_algorithm_side_shapes_an_outside_agents_reward() {
-        let reward = PolicyReward::<(), ()>::new(crate::RewardConfig::default());
-        // Clean and rewarded: base + the clean bonus (+5).
-        let clean = finished(AttemptStatus::Succeeded, vec![reward_span(1, 1.0)]);
-        assert_eq!(Judged::shaped(&clean, &reward).reward, Some(6.0));
-        // A warned violation (high, −50) on a rewarded rollout: 1 − 50, no bonus.
-        let warned = finished(
-            AttemptStatus::Succeeded,
-            vec![gateway_violation(1, false), reward_span(2, 1.0)],
-        );
-        let j = Judged::shaped(&warned, &reward);
-        assert_eq!((j.reward, j.violations), (Some(-49.0), 1));
-        // Blocked and the agent stopped without a reward: base 0 and the penalty.
-        let blocked = finished(AttemptStatus::Failed, vec![gateway_violation(1, true)]);
-        assert_eq!(Judged::shaped(&blocked, &reward).reward, Some(-50.0));
-        // Neither reward nor violation: still left out.
-        let silent = finished(AttemptStatus::Failed, Vec::new());
-        assert_eq!(Judged::shaped(&silent, &reward).reward, None);
-        // A mode that records only does not shape.
-        let audit = PolicyReward::<(), ()>::new(crate::RewardConfig::default()).with_shaping(false);
-        assert_eq!(Judged::shaped(&warned, &audit).reward, Some(1.0));
-        // A runner that already shaped the reward is not shaped twice.
-        let done = crate::RewardBreakdown::task_only(0.5, 0).annotation_attributes();
-        assert!(done.contains_key(semconv::agl::REWARD_UNCLAMPED));
-        let runner = finished(
-            AttemptStatus::Succeeded,
-            vec![agl_core::Span::new(
-                "ro-1",
-                "at-1",
-                1,
-                semconv::AGL_ANNOTATION,
-                done,
-            )],
-        );
-        assert_eq!(Judged::shaped(&runner, &reward).reward, Some(0.5));
-        assert_eq!(reward.stats().total_rewards, 3);
     }
 
     #[test]
