@@ -136,7 +136,7 @@ fn py_bool(b: bool) -> &'static str {
 }
 
 /// One violation as the reward reads it.
-struct Pen {
+pub(crate) struct Pen {
     severity: Severity,
     penalty: Option<f64>,
 }
@@ -151,7 +151,10 @@ impl Penalized for Pen {
 }
 
 /// `obj[name]` for a dict, else `obj.name`; `None` when absent.
-fn field<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+pub(crate) fn field<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     if let Ok(d) = obj.cast::<PyDict>() {
         return d.get_item(name);
     }
@@ -190,15 +193,18 @@ fn violations(rollout: &Bound<'_, PyAny>) -> PyResult<Vec<Pen>> {
     pens(&list)
 }
 
-fn pens(list: &Bound<'_, PyAny>) -> PyResult<Vec<Pen>> {
+pub(crate) fn pens(list: &Bound<'_, PyAny>) -> PyResult<Vec<Pen>> {
     let mut out = Vec::new();
     for (i, v) in list.try_iter()?.enumerate() {
         let v = v?;
         let sev = field(&v, "severity")?
             .ok_or_else(|| error::invalid(format!("violations[{i}] has no severity")))?;
+        // `explicit_penalty` (agl_rl.PolicyViolation, where `penalty` is the derived value)
+        // wins even when None; else `penalty` (the seed's objects, or dicts).
         let penalty = match field(&v, "explicit_penalty")? {
-            Some(p) if !p.is_none() => Some(p.extract::<f64>()?),
-            _ => match field(&v, "penalty")? {
+            Some(p) if p.is_none() => None,
+            Some(p) => Some(p.extract::<f64>()?),
+            None => match field(&v, "penalty")? {
                 Some(p) if !p.is_none() => Some(p.extract::<f64>()?),
                 _ => None,
             },
@@ -291,6 +297,38 @@ impl PolicyReward {
     ) -> PyResult<Bound<'py, PyAny>> {
         let v = pens(violations)?;
         breakdown(py, &self.inner.compute(base, succeeded, &v))
+    }
+
+    /// `annotation(rollout, base=None)`: scores `rollout` as `score` does (recorded in the
+    /// statistics), with `base` as its base reward when given, and returns `(breakdown,
+    /// attributes)`, the attributes being those of the reward span agl stores last for a
+    /// rollout: `agentlightning.reward.<i>.name/.value` for `final` (i = 0, the rollout's
+    /// reward), `base` and `policy_penalty`, `agent_os.violation_count`,
+    /// `agent_os.policy_compliant` and `agl.reward.unclamped`.
+    #[pyo3(signature = (rollout, base = None))]
+    fn annotation<'py>(
+        &self,
+        py: Python<'py>,
+        rollout: &Bound<'py, PyAny>,
+        base: Option<f64>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let base = match base {
+            Some(b) => b,
+            None => self.base_reward(rollout)?,
+        };
+        let b = self
+            .inner
+            .record(base, success(rollout)?, &violations(rollout)?);
+        Ok((
+            breakdown(py, &b)?,
+            crate::rollout::attributes(py, &b.annotation_attributes())?,
+        ))
+    }
+
+    /// The `base_reward_fn` given at construction, or `None`.
+    #[getter]
+    fn base_reward_fn(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.base_reward_fn.as_ref().map(|f| f.clone_ref(py))
     }
 
     /// The base reward of `rollout`: `base_reward_fn(rollout)`, else 1.0 / 0.0 by success.

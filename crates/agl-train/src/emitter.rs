@@ -34,7 +34,8 @@
 //! [`FlightRecorderEmitter::emit_to_store`] converts the same entries into
 //! `agentlightning.annotation` spans with the same `agent_os.*` attributes, bound to the entry's
 //! rollout and attempt and with deterministic ids (see the method), so re-emitting stores
-//! nothing twice.
+//! nothing twice. [`FlightRecorderEmitter::store_entries`] describes those spans without a
+//! store (the Python emitter of `agl_rl` writes them into an Agent Lightning store object).
 //!
 //! # Differences from Python (deliberate)
 //! * `emitted_count` counts spans handed out by [`FlightRecorderEmitter::spans`],
@@ -381,6 +382,33 @@ fn hash_hex(parts: &[&[u8]], n: usize) -> String {
     out
 }
 
+/// One recorder entry as [`FlightRecorderEmitter::emit_to_store`] stores it
+/// ([`FlightRecorderEmitter::store_entries`]). JSON fields of the same names.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoreEntry {
+    /// The entry's sequence number.
+    pub seq: u64,
+    /// The rollout the entry's check was made for.
+    pub rollout_id: String,
+    /// Its attempt, when the check named one (else the store's latest attempt is meant).
+    pub attempt_id: Option<String>,
+    /// The check's time, Unix seconds: start and end time of every span.
+    pub time: f64,
+    /// The spans' trace id (32 hex, deterministic).
+    pub trace_id: String,
+    /// The spans, each an `agentlightning.annotation` span with status `OK`.
+    pub spans: Vec<StoreSpan>,
+}
+
+/// One span of a [`StoreEntry`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoreSpan {
+    /// 16 hex, deterministic.
+    pub span_id: String,
+    /// The `agent_os.*` attributes.
+    pub attributes: Attributes,
+}
+
 /// Deterministic 32-hex trace id of a rollout's emitted spans.
 fn store_trace_id(prefix: &str, rollout_id: &str) -> String {
     hash_hex(
@@ -551,7 +579,6 @@ impl FlightRecorderEmitter {
     /// [`TrainError::Gov`] when the recorder cannot be read; [`TrainError::Store`] for store
     /// errors other than `NotFound`.
     pub async fn emit_to_store(&self, store: &dyn LightningStore) -> Result<usize, TrainError> {
-        let prefix = self.config.trace_id_prefix.as_str();
         // rollout id -> its attempt ids in sequence order (empty: unknown rollout).
         let mut attempts: HashMap<String, Vec<String>> = HashMap::new();
         let mut stored = 0usize;
@@ -591,16 +618,12 @@ impl FlightRecorderEmitter {
                     unknown += 1;
                     continue;
                 };
-                let Some(converted) = self.convert(entry) else {
+                let Some(converted) = self.store_entry(entry) else {
                     continue;
                 };
-                if converted.parts.is_empty() {
-                    continue;
-                }
                 let sequence_id = store
                     .get_next_span_sequence_id(rollout_id, &attempt_id)
                     .await?;
-                let trace_id = store_trace_id(prefix, rollout_id);
                 let key = (rollout_id.to_string(), attempt_id);
                 let idx = *group_of.entry(key.clone()).or_insert_with(|| {
                     groups.push((key, Vec::new()));
@@ -609,23 +632,21 @@ impl FlightRecorderEmitter {
                 let Some((key, spans)) = groups.get_mut(idx) else {
                     continue;
                 };
-                for part in converted.parts {
-                    let span_id = store_span_id(prefix, rollout_id, entry.seq, part.sub);
-                    let mut attributes = Attributes::new();
-                    for (k, v) in &part.attrs {
-                        attributes.insert((*k).to_string(), v.otel());
-                    }
+                for part in converted.spans {
                     spans.push(Span {
                         rollout_id: key.0.clone(),
                         attempt_id: key.1.clone(),
                         sequence_id,
-                        trace_id: trace_id.clone(),
-                        context: Some(SpanContext::new(trace_id.clone(), span_id.clone())),
-                        span_id,
+                        trace_id: converted.trace_id.clone(),
+                        context: Some(SpanContext::new(
+                            converted.trace_id.clone(),
+                            part.span_id.clone(),
+                        )),
+                        span_id: part.span_id,
                         parent_id: None,
                         name: AGL_ANNOTATION.to_string(),
                         status: SpanStatus::new(StatusCode::Ok),
-                        attributes,
+                        attributes: part.attributes,
                         events: Vec::new(),
                         links: Vec::new(),
                         start_time: Some(converted.time),
@@ -666,6 +687,50 @@ impl FlightRecorderEmitter {
             );
         }
         Ok(stored)
+    }
+
+    /// Every entry with a rollout as [`FlightRecorderEmitter::emit_to_store`] would store it
+    /// (same include flags, attributes and deterministic ids), oldest first, without touching
+    /// a store, the cursor or `emitted_count`: for stores reached another way (the Python
+    /// `emit_to_store` on an Agent Lightning store object), which resolve the attempt and the
+    /// sequence ids themselves. Entries whose flags leave no span are left out.
+    ///
+    /// # Errors
+    /// [`TrainError::Gov`] when the recorder cannot be read.
+    pub fn store_entries(&self) -> Result<Vec<StoreEntry>, TrainError> {
+        let mut out = Vec::new();
+        self.read_after(0, |e| out.extend(self.store_entry(&e)))?;
+        Ok(out)
+    }
+
+    /// `entry` as stored spans; `None` without a rollout or when the flags leave no span.
+    fn store_entry(&self, entry: &RecordEntry) -> Option<StoreEntry> {
+        let rollout_id = entry.rollout_id.as_deref()?;
+        let prefix = self.config.trace_id_prefix.as_str();
+        let converted = self.convert(entry)?;
+        if converted.parts.is_empty() {
+            return None;
+        }
+        let spans = converted
+            .parts
+            .into_iter()
+            .map(|part| StoreSpan {
+                span_id: store_span_id(prefix, rollout_id, entry.seq, part.sub),
+                attributes: part
+                    .attrs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), v.otel()))
+                    .collect(),
+            })
+            .collect();
+        Some(StoreEntry {
+            seq: entry.seq,
+            rollout_id: rollout_id.to_string(),
+            attempt_id: entry.attempt_id.clone(),
+            time: converted.time,
+            trace_id: store_trace_id(prefix, rollout_id),
+            spans,
+        })
     }
 
     /// Python's `export_to_file()`: writes the spans of all entries as a JSON array of

@@ -832,43 +832,58 @@ pub fn create_governed_env(
     kernel: Arc<Kernel>,
     overrides: Value,
 ) -> Result<GovernedEnvironment<ActionTask<Value>>, TrainError> {
-    let overrides = match overrides {
-        Value::Null => serde_json::Map::new(),
-        Value::Object(map) => map,
-        other => {
-            return Err(TrainError::Config(format!(
-                "create_governed_env: options must be a JSON object of EnvironmentConfig fields, got {other}"
-            )));
-        }
-    };
-    let defaults = || -> Result<serde_json::Map<String, Value>, TrainError> {
-        match serde_json::to_value(EnvironmentConfig::default()) {
-            Ok(Value::Object(map)) => Ok(map),
-            _ => Err(TrainError::Config(
-                "create_governed_env: the default configuration is not a JSON object".into(),
-            )),
-        }
-    };
-    let mut merged = defaults()?;
-    for (key, value) in &overrides {
-        if !EnvironmentConfig::FIELDS.contains(&key.as_str()) {
-            return Err(TrainError::Config(format!(
-                "create_governed_env: unknown option `{key}`; expected one of {}",
-                EnvironmentConfig::FIELDS.join(", ")
-            )));
-        }
-        let mut single = defaults()?;
-        single.insert(key.clone(), value.clone());
-        if let Err(e) = serde_json::from_value::<EnvironmentConfig>(Value::Object(single)) {
-            return Err(TrainError::Config(format!(
-                "create_governed_env: option `{key}` = {value}: {e}"
-            )));
-        }
-        merged.insert(key.clone(), value.clone());
-    }
-    let config: EnvironmentConfig = serde_json::from_value(Value::Object(merged))
-        .map_err(|e| TrainError::Config(format!("create_governed_env: {e}")))?;
+    let config = EnvironmentConfig::from_overrides(overrides).map_err(|e| match e {
+        TrainError::Config(m) => TrainError::Config(format!("create_governed_env: {m}")),
+        other => other,
+    })?;
     GovernedEnvironment::new(kernel, ActionTask::new(), config)
+}
+
+impl EnvironmentConfig {
+    /// The defaults overridden by `overrides`, a JSON object of fields (`null` for none),
+    /// e.g. `{"max_steps": 50}`; the result is validated.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming the key when `overrides` has a key that is not a field or
+    /// a value of the wrong type, or when the resulting configuration is invalid.
+    pub fn from_overrides(overrides: Value) -> Result<Self, TrainError> {
+        let overrides = match overrides {
+            Value::Null => serde_json::Map::new(),
+            Value::Object(map) => map,
+            other => {
+                return Err(TrainError::Config(format!(
+                    "options must be a JSON object of EnvironmentConfig fields, got {other}"
+                )));
+            }
+        };
+        let defaults = || -> Result<serde_json::Map<String, Value>, TrainError> {
+            match serde_json::to_value(EnvironmentConfig::default()) {
+                Ok(Value::Object(map)) => Ok(map),
+                _ => Err(TrainError::Config(
+                    "the default configuration is not a JSON object".into(),
+                )),
+            }
+        };
+        let mut merged = defaults()?;
+        for (key, value) in &overrides {
+            if !EnvironmentConfig::FIELDS.contains(&key.as_str()) {
+                return Err(TrainError::Config(format!(
+                    "unknown option `{key}`; expected one of {}",
+                    EnvironmentConfig::FIELDS.join(", ")
+                )));
+            }
+            let mut single = defaults()?;
+            single.insert(key.clone(), value.clone());
+            if let Err(e) = serde_json::from_value::<EnvironmentConfig>(Value::Object(single)) {
+                return Err(TrainError::Config(format!("option `{key}` = {value}: {e}")));
+            }
+            merged.insert(key.clone(), value.clone());
+        }
+        let config: EnvironmentConfig = serde_json::from_value(Value::Object(merged))
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
 }
 
 #[cfg(test)]

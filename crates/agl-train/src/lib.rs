@@ -110,8 +110,8 @@ pub use dataset::load_dataset;
 #[cfg(feature = "llm")]
 pub use demonstrations::{Demonstration, demonstration_samples, load_demonstrations};
 pub use emitter::{
-    EmitterConfig, EmitterStats, FlightRecorderEmitter, LightningSpan, ViolationSummary,
-    create_emitter,
+    EmitterConfig, EmitterStats, FlightRecorderEmitter, LightningSpan, StoreEntry, StoreSpan,
+    ViolationSummary, create_emitter,
 };
 pub use environment::{
     ActionTask, Approval, EnvMetrics, EnvTask, Environment, EnvironmentConfig, EnvironmentState,

@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 
 use agl_spider::Split;
 
-/// The data directory: `--data`, else `$AGL_DATA`, else `./data/spider`, else the vendored copy
-/// of the source tree this binary was built from.
+/// The data directory: `--data`, else `$AGL_DATA`, else `./data/spider`, else
+/// `<binary's directory>/../share/agl/spider` (where the `agl-rl` wheel installs the data beside
+/// the `agl` it puts on `PATH`), else the vendored copy of the source tree this binary was built
+/// from (not for a portable build, `AGL_PORTABLE_BUILD` set at compile time, as the wheel's is:
+/// its source tree is on another machine).
 pub fn data_dir(arg: Option<PathBuf>) -> PathBuf {
     if let Some(d) = arg {
         return d;
@@ -19,7 +22,21 @@ pub fn data_dir(arg: Option<PathBuf>) -> PathBuf {
     if local.is_dir() {
         return local;
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider")
+    if let Some(shared) = installed_data_dir()
+        && shared.is_dir()
+    {
+        return shared;
+    }
+    match option_env!("AGL_PORTABLE_BUILD") {
+        Some(_) => installed_data_dir().unwrap_or(local),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider"),
+    }
+}
+
+/// `<directory of the running binary>/../share/agl/spider`, the wheel's data directory.
+fn installed_data_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.join("share/agl/spider"))
 }
 
 /// clap value parser of `--split`: `dev` or `train`.

@@ -168,6 +168,11 @@ class PolicyReward:
         ``violations``."""
     def compute(self, base: float, succeeded: bool, violations: Sequence[Any]) -> Dict[str, float]: ...
     def base_reward(self, rollout: Any) -> float: ...
+    def annotation(self, rollout: Any, base: Optional[float] = None) -> Tuple[Dict[str, float], Dict[str, Any]]:
+        """Scores like ``score`` (recorded) with ``base`` as the base reward when given;
+        returns ``(breakdown, reward span attributes)``."""
+    @property
+    def base_reward_fn(self) -> Optional[Callable[[Any], float]]: ...
     def get_stats(self) -> Dict[str, float]:
         """``total_rewards``, ``total_penalties``, ``avg_penalty``, ``violation_rate``,
         ``clean_rate``."""
@@ -201,3 +206,126 @@ class CompositeReward:
     @property
     def weights(self) -> List[float]: ...
     def __call__(self, rollout: Any) -> float: ...
+
+def severity_penalties() -> List[Tuple[str, float]]:
+    """``[("critical", 100.0), ("high", 50.0), ("medium", 10.0), ("low", 1.0)]``."""
+
+def decision_violations(decision: Decision) -> List[Dict[str, Any]]:
+    """One ``PolicyViolation`` dict per finding: ``violation_type``, ``policy_name``,
+    ``description``, ``severity``, ``timestamp`` (ISO-8601, UTC), ``action_blocked``,
+    ``penalty`` (explicit magnitude or None)."""
+
+def gateway_violations(spans: Sequence[Any]) -> List[Dict[str, Any]]:
+    """The violations agl's LLM gateway recorded in ``spans`` (dicts or objects with ``name``
+    and ``attributes``), as ``PolicyViolation`` dicts."""
+
+def governance_attributes(violations: Sequence[Dict[str, Any]], signals: Sequence[str], success: bool) -> Dict[str, Any]:
+    """The attributes of a rollout's governance annotation span."""
+
+class EnvironmentConfig:
+    """Keyword arguments only; unknown fields raise ``GovernanceError``."""
+
+    def __init__(
+        self,
+        *,
+        max_steps: int = 100,
+        violation_penalty: float = -10.0,
+        terminate_on_critical: bool = True,
+        step_penalty: float = -0.1,
+        success_bonus: float = 10.0,
+        reset_kernel_state: bool = True,
+        python_compat: bool = False,
+    ) -> None: ...
+    max_steps: int
+    violation_penalty: float
+    terminate_on_critical: bool
+    step_penalty: float
+    success_bonus: float
+    reset_kernel_state: bool
+    python_compat: bool
+    def violation_reward(self, violation: Any) -> float:
+        """The reward added for one violation (reward units, ≤ 0 with the defaults)."""
+    def to_dict(self) -> Dict[str, Any]: ...
+
+class EnvironmentCore:
+    """The native core of ``agl_rl.GovernedEnvironment`` (use that class)."""
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        task_generator: Optional[Callable[[Optional[int]], Any]] = None,
+        reward_fn: Optional[Callable[[Any, Any, Any], float]] = None,
+        config: Optional[EnvironmentConfig] = None,
+    ) -> None: ...
+    def reset(self, seed: Optional[int] = None) -> Tuple[Any, Dict[str, Any]]: ...
+    def step(self, action: Action) -> Tuple[Any, float, bool, bool, Dict[str, Any]]: ...
+    @property
+    def terminated(self) -> bool: ...
+    @property
+    def episode(self) -> int: ...
+    @property
+    def rollout_id(self) -> Optional[str]: ...
+    @property
+    def config(self) -> EnvironmentConfig: ...
+    def state(self) -> Dict[str, Any]: ...
+    def last_decision(self) -> Optional[Decision]: ...
+    def metrics(self) -> Dict[str, Any]: ...
+    def spaces(self) -> Tuple[Dict[str, Any], Dict[str, Any]]: ...
+    def close(self) -> None: ...
+
+class LightningSpan:
+    """The seed's span export format (not an Agent Lightning span). Times: ``datetime``
+    (naive is UTC), Unix seconds or ISO-8601 text in; Unix seconds out."""
+
+    def __init__(
+        self,
+        span_id: str,
+        trace_id: str,
+        name: str,
+        start_time: Any,
+        end_time: Any = None,
+        attributes: Optional[Dict[str, Any]] = None,
+        events: Optional[List[Any]] = None,
+    ) -> None: ...
+    @property
+    def span_id(self) -> str: ...
+    @property
+    def trace_id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def start_time(self) -> float: ...
+    @property
+    def end_time(self) -> Optional[float]: ...
+    @property
+    def attributes(self) -> Dict[str, Any]: ...
+    @property
+    def events(self) -> List[Any]: ...
+    def to_dict(self) -> Dict[str, Any]:
+        """``span_id``, ``trace_id``, ``name``, ``start_time``, ``end_time`` (ISO-8601, as
+        ``datetime.isoformat()``), ``attributes``, ``events``."""
+    def to_json(self) -> str: ...
+
+class FlightRecorderEmitter:
+    def __init__(
+        self,
+        flight_recorder: FlightRecorder,
+        include_policy_checks: bool = True,
+        include_signals: bool = True,
+        include_tool_calls: bool = True,
+        trace_id_prefix: str = "agentos",
+        poll_interval: float = 0.1,
+    ) -> None: ...
+    def get_spans(self) -> List[LightningSpan]: ...
+    def get_new_spans(self) -> List[LightningSpan]: ...
+    def export_to_file(self, path: Union[str, PathLike[str]]) -> int: ...
+    def get_violation_summary(self) -> Dict[str, Any]:
+        """``total_entries``, ``total_violations``, ``violation_rate``, ``policies_violated``."""
+    def get_stats(self) -> Dict[str, int]:
+        """``emitted_count``, ``last_position``."""
+    def store_entries(self) -> List[Dict[str, Any]]: ...
+    @property
+    def poll_interval(self) -> float:
+        """Seconds."""
+    @property
+    def trace_id_prefix(self) -> str: ...

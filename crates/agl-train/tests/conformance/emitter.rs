@@ -297,6 +297,20 @@ async fn emit_to_store_stores_two_spans_for_two_entries_of_a_started_rollout() {
     // Deterministic ids: emitting again stores nothing new.
     assert_eq!(e.emit_to_store(&store).await.unwrap(), 0);
     assert_eq!(store.list_spans(&rid, None).await.unwrap().len(), 2);
+    // store_entries (what the Python emitter writes into an Agent Lightning store) describes
+    // exactly these spans: the same ids, time and attributes, the attempt only when named.
+    let entries = e.store_entries().unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0].attempt_id.as_deref(), Some(aid.as_str()));
+    assert_eq!(entries[1].attempt_id, None);
+    for (entry, stored) in entries.iter().zip(&spans) {
+        assert_eq!(entry.rollout_id, rid);
+        assert_eq!(entry.trace_id, stored.trace_id);
+        assert_eq!(entry.spans.len(), 1);
+        assert_eq!(entry.spans[0].span_id, stored.span_id);
+        assert_eq!(entry.spans[0].attributes, stored.attributes);
+        assert_eq!(Some(entry.time), stored.start_time);
+    }
 }
 
 #[tokio::test]
