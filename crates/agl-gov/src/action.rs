@@ -78,9 +78,10 @@ impl FromStr for SqlDialect {
     }
 }
 
-/// Who is acting, where, and what has been spent so far. Every field is optional.
+/// Who is acting, where, and what has been spent so far. Every field is optional; an unknown
+/// field is refused (a misspelt `rollout_id` would silently escape its per-rollout budget).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Context {
     /// The agent (or worker) performing the action; rate limits count per agent id.
     pub agent_id: Option<String>,
@@ -98,9 +99,10 @@ pub struct Context {
     pub run_spend_usd: Option<f64>,
 }
 
-/// The kinds of action the kernel understands. JSON: internally tagged by `"type"`.
+/// The kinds of action the kernel understands. JSON: internally tagged by `"type"`; a field a
+/// kind does not have is refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ActionKind {
     /// Execute SQL text (possibly several `;`-separated statements) against `database`.
     Sql {
@@ -148,8 +150,10 @@ impl ActionKind {
     }
 }
 
-/// One action an agent wants to execute, checked by the kernel before it runs.
+/// One action an agent wants to execute, checked by the kernel before it runs. JSON: `kind` and
+/// an optional `context`; unknown fields are refused at every level.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Action {
     /// Who, where, and cumulative spend.
     #[serde(default)]
@@ -258,6 +262,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(tool.kind.type_name(), "tool_call");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_at_every_level() {
+        for (json, field) in [
+            (
+                r#"{"kind":{"type":"sql","database":"d","sql":"x"},"contxt":{}}"#,
+                "contxt",
+            ),
+            (
+                r#"{"kind":{"type":"sql","database":"d","sql":"x"},"context":{"rolout_id":"r"}}"#,
+                "rolout_id",
+            ),
+            (
+                r#"{"kind":{"type":"sql","database":"d","sql":"x","databse":"e"}}"#,
+                "databse",
+            ),
+            (
+                r#"{"kind":{"type":"tool_call","name":"t","args":{}}}"#,
+                "args",
+            ),
+        ] {
+            let err = serde_json::from_str::<Action>(json)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("unknown field `{field}`")),
+                "{json}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -212,46 +212,25 @@ fn build(
     })
 }
 
-const ACTION_FIELDS: [&str; 2] = ["kind", "context"];
-const CONTEXT_FIELDS: [&str; 6] = [
-    "agent_id",
-    "rollout_id",
-    "attempt_id",
-    "step",
-    "rollout_spend_usd",
-    "run_spend_usd",
-];
-
-/// An action from its dict form; unknown fields are refused (a misspelt `rollout_id` would
-/// otherwise silently escape its per-rollout budget).
+/// An action from its dict form; an unknown field at any level is refused (a misspelt
+/// `rollout_id` would otherwise silently escape its per-rollout budget), the message naming its
+/// path (``context: unknown field `rolout_id` ``).
 pub fn parse_action(action: &Bound<'_, PyAny>) -> PyResult<Action> {
     if !action.is_instance_of::<PyDict>() {
         return Err(pyo3::exceptions::PyTypeError::new_err(
             "action must be a dict like {\"kind\": {\"type\": \"sql\", \"database\": \"db\", \"sql\": \"SELECT 1\"}}",
         ));
     }
-    let value: Value = depythonize(action).map_err(|e| error::invalid(format!("action: {e}")))?;
-    action_from_value(value)
-}
-
-/// An action from its JSON form, refusing unknown top-level and context fields.
-pub fn action_from_value(value: Value) -> PyResult<Action> {
-    if let Value::Object(map) = &value {
-        if let Some(k) = map.keys().find(|k| !ACTION_FIELDS.contains(&k.as_str())) {
-            return Err(error::invalid(format!(
-                "action: unknown field `{k}` (expected kind, context)"
-            )));
+    // Straight from the Python objects into the action (no JSON value in between), with the
+    // path of the first problem.
+    let mut de = pythonize::Depythonizer::from_object(action);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "." => error::invalid(format!("action: {}", e.inner())),
+            _ => error::invalid(format!("action: {path}: {}", e.inner())),
         }
-        if let Some(Value::Object(ctx)) = map.get("context")
-            && let Some(k) = ctx.keys().find(|k| !CONTEXT_FIELDS.contains(&k.as_str()))
-        {
-            return Err(error::invalid(format!(
-                "action: unknown field `context.{k}` (expected one of {})",
-                CONTEXT_FIELDS.join(", ")
-            )));
-        }
-    }
-    serde_json::from_value(value).map_err(|e| error::invalid(format!("action: {e}")))
+    })
 }
 
 /// The kernel's decision about one action.

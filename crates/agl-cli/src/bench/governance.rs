@@ -37,7 +37,7 @@ use serde::Serialize;
 /// Arguments of `agl bench governance`.
 #[derive(Debug, Args)]
 pub struct GovernanceArgs {
-    /// Spider data directory [default: the vendored data/spider of this repository].
+    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the installed or vendored copy].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Policy file or preset whose kernel is measured.

@@ -55,7 +55,7 @@ pub struct LlmBenchArgs {
     /// Measured repetitions of each single-request measurement (the best is reported).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Spider data directory [default: the vendored data/spider].
+    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the installed or vendored copy].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Python interpreter with llama-cpp-python installed (scripts/bench/bench-llm.sh makes one);

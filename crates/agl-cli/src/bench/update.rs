@@ -62,7 +62,7 @@ pub struct UpdateBenchArgs {
     /// Also measure the plain backward (the whole graph held; much more memory).
     #[arg(long)]
     plain: bool,
-    /// Spider data directory [default: the vendored data/spider].
+    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the installed or vendored copy].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Print JSON instead of a table.

@@ -145,7 +145,7 @@ pub struct EvalArgs {
     /// published as the `prompt_template` resource [default: the agent's own].
     #[arg(long, value_name = "FILE")]
     prompt_template: Option<PathBuf>,
-    /// Spider data directory [default: the vendored data/spider of this repository].
+    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the installed or vendored copy].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Statement time limit in seconds.

@@ -77,7 +77,7 @@ pub struct TasksArgs {
     /// Seed of the train order (--split train), as `agl train --seed` [default: 0].
     #[arg(long, value_name = "S", conflicts_with = "every")]
     seed: Option<u64>,
-    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the vendored copy].
+    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the installed or vendored copy].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Also write each task's `messages`: the built-in SQL agent's write prompt for it (system
@@ -97,7 +97,7 @@ pub struct TasksArgs {
 /// Arguments of `agl spider score`.
 #[derive(Debug, Args)]
 pub struct ScoreArgs {
-    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the vendored copy].
+    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the installed or vendored copy].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// JSON Lines input, one {"db_id", "gold", "predicted"} object per line [default: stdin].

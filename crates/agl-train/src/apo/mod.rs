@@ -491,15 +491,30 @@ fn score(round: usize, experiments: &[Experiment]) -> Score {
     }
 }
 
-/// The template of an edit's answer: the text between the first `<prompt>` and the last
-/// `</prompt>`; else between the first `<template>` and the last `</template>` (the wrapper the
-/// edit prompts show the old template in, which small models echo back instead of `<prompt>`,
-/// as Qwen2.5-Coder-1.5B-Instruct does); else the whole answer. One enclosing
-/// code fence is removed. `None` when that leaves nothing.
+/// The template of an edit's answer: the text of its last tagged block, from the last closing
+/// tag (`</prompt>`, or `</template>`: the wrapper the edit prompt shows the old template in,
+/// which small models echo back, mismatched tags included, as Qwen2.5-Coder-1.5B-Instruct does)
+/// back to the nearest opening tag (`<prompt>` or `<template>`) before it. The last block,
+/// because small editors restate the instructions ("between <prompt> and </prompt>") or the old
+/// template before their answer, and repeat themselves until the token limit. An answer without
+/// any tag is taken whole; an answer whose tags never close a block (cut off at the token limit)
+/// holds no template. One enclosing code fence is removed. `None` when that leaves nothing.
 pub fn extract_template(answer: &str) -> Option<String> {
-    let inner = between(answer, "<prompt>", "</prompt>")
-        .or_else(|| between(answer, "<template>", "</template>"))
-        .unwrap_or(answer);
+    const OPEN: [&str; 2] = ["<prompt>", "<template>"];
+    const CLOSE: [&str; 2] = ["</prompt>", "</template>"];
+    let last = |text: &str, tags: &[&str]| {
+        tags.iter()
+            .filter_map(|t| text.rfind(t).map(|i| (i, t.len())))
+            .max_by_key(|(i, _)| *i)
+    };
+    let inner = match last(answer, &CLOSE) {
+        Some((close, _)) => {
+            let (open, len) = last(&answer[..close], &OPEN)?;
+            &answer[open + len..close]
+        }
+        None if OPEN.iter().any(|t| answer.contains(t)) => return None,
+        None => answer,
+    };
     let mut t = inner.trim();
     if let Some(rest) = t.strip_prefix("```")
         && let (Some(nl), Some(body)) = (rest.find('\n'), rest.trim_end().strip_suffix("```"))
@@ -508,13 +523,6 @@ pub fn extract_template(answer: &str) -> Option<String> {
         t = body[nl..].trim();
     }
     (!t.is_empty()).then(|| t.to_string())
-}
-
-/// The text between the first `open` and the last `close`, if both are there in that order.
-fn between<'a>(text: &'a str, open: &str, close: &str) -> Option<&'a str> {
-    let a = text.find(open)? + open.len();
-    let b = text.rfind(close)?;
-    (a <= b).then(|| &text[a..b])
 }
 
 /// Whether a critique is usable: some text that is not just punctuation, and not the
@@ -969,9 +977,15 @@ mod tests {
         assert_eq!(t("```text\nQ: {q}\n```").as_deref(), Some("Q: {q}"));
         assert_eq!(t("Q: {q}").as_deref(), Some("Q: {q}"));
         assert_eq!(t("<prompt>  </prompt>"), None);
+        // Tags that never close a block: cut off at the token limit, no template.
+        assert_eq!(t("</template> x <template>"), None);
         assert_eq!(
-            t("</template> x <template>").as_deref(),
-            Some("</template> x <template>")
+            t("<template>\nQuestion: {question}\n**Analysis** ..."),
+            None
         );
+        // The last block wins, whatever its tags: Qwen2.5-Coder-1.5B as editor restated the
+        // instructions, then repeated a `<template>`…`</prompt>` block until the token limit.
+        let answer = "Put it between <prompt> and </prompt>.\n\n<template>\nQ: {question}\n</prompt>\n\nCritique: a\n\n<template>\nQ2: {question}\n</prompt>\n\nCritique: b\n\n<template>\nQ3";
+        assert_eq!(t(answer).as_deref(), Some("Q2: {question}"));
     }
 }

@@ -192,7 +192,7 @@ pub struct TrainArgs {
     edit_prompt: Vec<PathBuf>,
     #[command(flatten)]
     llm: llm::LlmTrainArgs,
-    /// Spider data directory [default: the vendored data/spider of this repository].
+    /// Spider data directory [default: $AGL_DATA, else ./data/spider, else the installed or vendored copy].
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
     /// Passes over the train questions.
