@@ -214,7 +214,7 @@ fn build(
 
 /// An action from its dict form; an unknown field at any level is refused (a misspelt
 /// `rollout_id` would otherwise silently escape its per-rollout budget), the message naming its
-/// path (``context: unknown field `rolout_id` ``).
+/// path (``action: context.rolout_id: unknown field `rolout_id`, expected one of …``).
 pub fn parse_action(action: &Bound<'_, PyAny>) -> PyResult<Action> {
     if !action.is_instance_of::<PyDict>() {
         return Err(pyo3::exceptions::PyTypeError::new_err(
