@@ -321,3 +321,36 @@ def test_lightning_span_seed_form():
         LightningSpan("a", "b", "c", "yesterday")
     with pytest.raises(TypeError):
         LightningSpan("a", "b", "c", object())
+
+
+def test_the_module_works_without_the_optional_packages():
+    """agentlightning and gymnasium are optional: with both unimportable, agl_rl imports, the
+    runner runs callable agents and the environment is a plain object with the same methods."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["agentlightning"] = None  # makes `import agentlightning` raise ImportError
+sys.modules["gymnasium"] = None
+import asyncio, agl_rl
+from agl_rl import GovernedEnvironment, GovernedRunner, Kernel, sql_action
+k = Kernel("standard")
+r = GovernedRunner(k, log_violations=False)
+r.init(lambda t: agl_rl.check(sql_action(t, "shop")) and "ran")
+assert asyncio.run(r.step("SELECT 1")).success
+assert not asyncio.run(r.step("DROP TABLE t")).success
+try:
+    asyncio.run(r.iter())
+except RuntimeError as e:
+    assert "agentlightning" in str(e)
+else:
+    raise AssertionError("iter without agentlightning must say what is missing")
+env = GovernedEnvironment(k)
+assert type(env).__mro__[1] is object
+env.reset(seed=1)
+assert env.step(sql_action("SELECT 1", "shop"))[4]["success"]
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
