@@ -91,9 +91,8 @@ impl EnvironmentConfig {
     /// The reward added for one violation (a `PolicyViolation`-like object or dict with
     /// `severity` and maybe an explicit penalty).
     fn violation_reward(&self, violation: &Bound<'_, PyAny>) -> PyResult<f64> {
-        let list = pyo3::types::PyList::new(violation.py(), [violation])?;
-        let v = crate::reward::pens(list.as_any())?;
-        Ok(v.first().map_or(0.0, |p| self.inner.violation_reward(p)))
+        let v = crate::reward::pen(violation, "violation")?;
+        Ok(self.inner.violation_reward(&v))
     }
 
     /// The fields as a dict.

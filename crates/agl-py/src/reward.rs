@@ -196,26 +196,30 @@ fn violations(rollout: &Bound<'_, PyAny>) -> PyResult<Vec<Pen>> {
 pub(crate) fn pens(list: &Bound<'_, PyAny>) -> PyResult<Vec<Pen>> {
     let mut out = Vec::new();
     for (i, v) in list.try_iter()?.enumerate() {
-        let v = v?;
-        let sev = field(&v, "severity")?
-            .ok_or_else(|| error::invalid(format!("violations[{i}] has no severity")))?;
-        // `explicit_penalty` (agl_rl.PolicyViolation, where `penalty` is the derived value)
-        // wins even when None; else `penalty` (the seed's objects, or dicts).
-        let penalty = match field(&v, "explicit_penalty")? {
-            Some(p) if p.is_none() => None,
-            Some(p) => Some(p.extract::<f64>()?),
-            None => match field(&v, "penalty")? {
-                Some(p) if !p.is_none() => Some(p.extract::<f64>()?),
-                _ => None,
-            },
-        };
-        out.push(Pen {
-            severity: severity(&sev)
-                .map_err(|e| error::invalid(format!("violations[{i}]: {e}")))?,
-            penalty,
-        });
+        out.push(pen(&v?, &format!("violations[{i}]"))?);
     }
     Ok(out)
+}
+
+/// One violation (`what` names it in errors): its `severity` (a string or an enum) and its
+/// explicit penalty, if any.
+pub(crate) fn pen(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Pen> {
+    let sev =
+        field(v, "severity")?.ok_or_else(|| error::invalid(format!("{what} has no severity")))?;
+    // `explicit_penalty` (agl_rl.PolicyViolation, where `penalty` is the derived value)
+    // wins even when None; else `penalty` (the seed's objects, or dicts).
+    let penalty = match field(v, "explicit_penalty")? {
+        Some(p) if p.is_none() => None,
+        Some(p) => Some(p.extract::<f64>()?),
+        None => match field(v, "penalty")? {
+            Some(p) if !p.is_none() => Some(p.extract::<f64>()?),
+            _ => None,
+        },
+    };
+    Ok(Pen {
+        severity: severity(&sev).map_err(|e| error::invalid(format!("{what}: {e}")))?,
+        penalty,
+    })
 }
 
 fn success(rollout: &Bound<'_, PyAny>) -> PyResult<bool> {

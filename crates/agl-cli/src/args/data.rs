@@ -22,13 +22,14 @@ pub fn data_dir(arg: Option<PathBuf>) -> PathBuf {
     if local.is_dir() {
         return local;
     }
-    if let Some(shared) = installed_data_dir()
+    let installed = installed_data_dir();
+    if let Some(shared) = &installed
         && shared.is_dir()
     {
-        return shared;
+        return shared.clone();
     }
     match option_env!("AGL_PORTABLE_BUILD") {
-        Some(_) => installed_data_dir().unwrap_or(local),
+        Some(_) => installed.unwrap_or(local),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/spider"),
     }
 }
