@@ -392,6 +392,7 @@ mod tests {
             name: name.to_string(),
             columns: columns.iter().map(|c| c.to_string()).collect(),
             rows,
+            foreign_keys: vec![],
         }
     }
 

@@ -60,7 +60,7 @@ pub use llm_train::{
     Curriculum, DevPaired, LlmCurvePoint, LlmDataReport, LlmReport, LlmReportConfig, LlmRun,
     LlmUntrained, SqlStep, dev_questions, is_easy, train_questions,
 };
-pub use schema::{DbInfo, TableInfo, db_info};
+pub use schema::{DbInfo, ForeignKey, TableInfo, db_info};
 pub use scorer::{
     Assignment, Checkpoint, CheckpointConfig, CheckpointPlan, CurvePoint, EvalStats, FEATURE_DIM,
     FEATURES_VERSION, FeatureBatch, FixedRunners, Grpo, GrpoConfig, ModelSpec, PolicyModel,

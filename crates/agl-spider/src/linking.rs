@@ -67,11 +67,13 @@ mod tests {
                     name: "singer".into(),
                     columns: vec!["Singer_ID".into(), "Name".into(), "Age".into()],
                     rows: 6,
+                    foreign_keys: vec![],
                 },
                 TableInfo {
                     name: "concert".into(),
                     columns: vec!["concert_ID".into(), "Year".into()],
                     rows: 6,
+                    foreign_keys: vec![],
                 },
             ],
         }

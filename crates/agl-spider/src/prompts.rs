@@ -109,10 +109,14 @@ pub fn truncate_chars(text: &str, max_chars: usize) -> String {
 }
 
 /// The schema block of the prompts: one `Table name: col, col, … (N rows)` line per table in
-/// `sqlite_master` order, cut at [`SCHEMA_MAX_CHARS`] characters. Identifiers that need it are
-/// double-quoted, so the model sees how to write them. Column types are not listed
-/// ([`DbInfo`] does not carry them). Not `CREATE TABLE` statements: measured with the 135M
-/// built-in model, a DDL schema made it copy `CREATE TABLE` lines as its answer.
+/// `sqlite_master` order, then, when the database declares any, a `Foreign keys:` line and one
+/// `table.column = ref_table.ref_column` line per foreign-key column (the join conditions);
+/// cut at [`SCHEMA_MAX_CHARS`] characters. Identifiers that need it are double-quoted, so the
+/// model sees how to write them. Column types are not listed ([`DbInfo`] does not carry them).
+/// Not `CREATE TABLE` statements: measured with the 135M built-in model, a DDL schema made it
+/// copy `CREATE TABLE` lines as its answer. The foreign keys carry what Agent Lightning's Spider
+/// agent sees in LangChain's `get_table_info()` DDL and a column list alone does not: which
+/// column joins which table (docs/training.md measures what they changed).
 pub fn render_schema(info: &DbInfo) -> String {
     let mut out = String::new();
     for t in &info.tables {
@@ -125,6 +129,24 @@ pub fn render_schema(info: &DbInfo) -> String {
             t.rows,
             if t.rows == 1 { "" } else { "s" }
         );
+    }
+    let mut fks = info
+        .tables
+        .iter()
+        .flat_map(|t| t.foreign_keys.iter().map(move |k| (t, k)))
+        .peekable();
+    if fks.peek().is_some() {
+        out.push_str("Foreign keys:\n");
+        for (t, k) in fks {
+            let _ = writeln!(
+                out,
+                "{}.{} = {}.{}",
+                quote_ident(&t.name),
+                quote_ident(&k.column),
+                quote_ident(&k.ref_table),
+                quote_ident(&k.ref_column)
+            );
+        }
     }
     truncate_chars(out.trim_end(), SCHEMA_MAX_CHARS)
 }
@@ -415,7 +437,7 @@ pub fn parse_verdict(reply: &str) -> Option<CheckVerdict> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::TableInfo;
+    use crate::schema::{ForeignKey, TableInfo};
 
     fn info() -> DbInfo {
         DbInfo {
@@ -425,11 +447,17 @@ mod tests {
                     name: "singer".into(),
                     columns: vec!["Singer_ID".into(), "Name".into(), "Song Name".into()],
                     rows: 6,
+                    foreign_keys: vec![],
                 },
                 TableInfo {
                     name: "order".into(),
-                    columns: vec!["id".into()],
+                    columns: vec!["id".into(), "singer".into()],
                     rows: 1,
+                    foreign_keys: vec![ForeignKey {
+                        column: "singer".into(),
+                        ref_table: "singer".into(),
+                        ref_column: "Singer_ID".into(),
+                    }],
                 },
             ],
         }
@@ -441,8 +469,13 @@ mod tests {
         assert_eq!(
             s,
             "Table singer: Singer_ID, Name, \"Song Name\" (6 rows)\n\
-             Table \"order\": id (1 row)"
+             Table \"order\": id, singer (1 row)\n\
+             Foreign keys:\n\
+             \"order\".singer = singer.Singer_ID"
         );
+        let mut no_keys = info();
+        no_keys.tables[1].foreign_keys.clear();
+        assert!(!render_schema(&no_keys).contains("Foreign keys"));
     }
 
     #[test]
@@ -454,6 +487,7 @@ mod tests {
                     name: format!("tablé_{i}"),
                     columns: vec!["ä".into(), "b".into()],
                     rows: 0,
+                    foreign_keys: vec![],
                 })
                 .collect(),
         };

@@ -1,4 +1,5 @@
-//! Reading a database's tables, columns and row counts from `sqlite_master` ([`db_info`]).
+//! Reading a database's tables, columns, foreign keys and row counts from `sqlite_master`
+//! ([`db_info`]).
 //!
 //! Responsible for opening the file read-only and describing it. Not responsible for running
 //! arbitrary SQL (see [`crate::Executor`]) or for `tables.json`.
@@ -11,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::SpiderError;
 
-/// One table of a database. JSON fields: `name`, `columns`, `rows`.
+/// One table of a database. JSON fields: `name`, `columns`, `rows`, `foreign_keys` (absent
+/// reads as none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableInfo {
     /// Table name as stored in `sqlite_master`.
@@ -20,6 +22,24 @@ pub struct TableInfo {
     pub columns: Vec<String>,
     /// Number of rows (`SELECT count(*)`).
     pub rows: u64,
+    /// The foreign keys this table declares, one per referencing column, in
+    /// `pragma_foreign_key_list` order (a composite key gives one entry per column pair).
+    #[serde(default)]
+    pub foreign_keys: Vec<ForeignKey>,
+}
+
+/// One column of a declared foreign key: `table.column` references `ref_table.ref_column`
+/// (the pair to join on). JSON fields: `column`, `ref_table`, `ref_column`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForeignKey {
+    /// The referencing column of the declaring table.
+    pub column: String,
+    /// The referenced table, as written in the declaration.
+    pub ref_table: String,
+    /// The referenced column: as declared, or the referenced table's primary key when the
+    /// declaration names none (`REFERENCES t` alone); `column`'s own name if the table has no
+    /// single-column primary key either.
+    pub ref_column: String,
 }
 
 /// The tables of one database, in `sqlite_master` order (internal `sqlite_*` tables excluded).
@@ -83,7 +103,7 @@ pub(crate) fn sql_error(db_id: &str, e: &rusqlite::Error) -> SpiderError {
 }
 
 /// Describes the database at `path` (opened READ ONLY): every table of `sqlite_master` except
-/// SQLite's internal `sqlite_*` tables, with column names and row counts.
+/// SQLite's internal `sqlite_*` tables, with column names, declared foreign keys and row counts.
 ///
 /// Errors: [`SpiderError::MissingDatabase`] if the file does not exist, [`SpiderError::Sql`]
 /// if it is not a readable SQLite database.
@@ -113,15 +133,54 @@ fn describe(db_id: &str, conn: &Connection) -> rusqlite::Result<DbInfo> {
             [],
             |r| r.get(0),
         )?;
+        let foreign_keys = foreign_keys(conn, &name)?;
         tables.push(TableInfo {
             name,
             columns,
             rows: u64::try_from(count).unwrap_or(0),
+            foreign_keys,
         });
     }
     Ok(DbInfo {
         db_id: db_id.to_string(),
         tables,
+    })
+}
+
+/// The foreign keys `table` declares (`pragma_foreign_key_list`, ordered by key id and column
+/// sequence). A reference without a column resolves to the referenced table's single-column
+/// primary key.
+fn foreign_keys(conn: &Connection, table: &str) -> rusqlite::Result<Vec<ForeignKey>> {
+    let rows: Vec<(String, String, Option<String>)> = conn
+        .prepare(
+            "SELECT \"from\", \"table\", \"to\" FROM pragma_foreign_key_list(?1) ORDER BY id, seq",
+        )?
+        .query_map([table], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (column, ref_table, to) in rows {
+        let ref_column = match to {
+            Some(c) if !c.is_empty() => c,
+            _ => primary_key(conn, &ref_table)?.unwrap_or_else(|| column.clone()),
+        };
+        out.push(ForeignKey {
+            column,
+            ref_table,
+            ref_column,
+        });
+    }
+    Ok(out)
+}
+
+/// The single primary-key column of `table`, if it has exactly one (none for a missing table).
+fn primary_key(conn: &Connection, table: &str) -> rusqlite::Result<Option<String>> {
+    let pk: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info(?1) WHERE pk > 0 ORDER BY pk")?
+        .query_map([table], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(match pk.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
     })
 }
 
@@ -137,7 +196,9 @@ mod tests {
         conn.execute_batch(
             "CREATE TABLE Singer(id INTEGER PRIMARY KEY, name TEXT);
              INSERT INTO Singer(name) VALUES ('a'), ('b'), ('c');
-             CREATE TABLE \"odd name\"(x);
+             CREATE TABLE \"odd name\"(x, singer REFERENCES Singer, y, z,
+                 FOREIGN KEY (y, z) REFERENCES pair(a, b),
+                 FOREIGN KEY (x) REFERENCES gone);
              CREATE INDEX idx ON Singer(name);",
         )
         .unwrap();
@@ -148,6 +209,25 @@ mod tests {
         assert_eq!(info.tables[0].columns, vec!["id", "name"]);
         assert_eq!(info.tables[0].rows, 3);
         assert_eq!(info.tables[1].rows, 0);
+        assert!(info.tables[0].foreign_keys.is_empty());
+        let fk = |c: &str, t: &str, r: &str| ForeignKey {
+            column: c.into(),
+            ref_table: t.into(),
+            ref_column: r.into(),
+        };
+        // `REFERENCES Singer` resolves to Singer's primary key; a composite key gives one entry
+        // per column pair; a reference to a missing table keeps the column's own name
+        let mut got = info.tables[1].foreign_keys.clone();
+        got.sort_by(|a, b| a.column.cmp(&b.column));
+        assert_eq!(
+            got,
+            vec![
+                fk("singer", "Singer", "id"),
+                fk("x", "gone", "x"),
+                fk("y", "pair", "a"),
+                fk("z", "pair", "b"),
+            ]
+        );
         assert_eq!(info.row_counts().get("singer"), Some(&3));
         assert_eq!(
             info.largest_table().map(|t| t.name.as_str()),
