@@ -342,3 +342,41 @@ fn llm_agent_answers_two_questions_through_the_gateway_with_the_real_model() {
         assert!(q["reward"].is_number(), "{q}");
     }
 }
+
+#[test]
+fn execution_check_rewrites_without_review_calls_with_the_real_model() {
+    if model().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eval.json");
+    let o = agl(&[
+        "eval",
+        "--agent",
+        "llm",
+        "--limit",
+        "4",
+        "--workers",
+        "4",
+        "--max-turns",
+        "2",
+        "--check",
+        "execution",
+        "--max-tokens",
+        "48",
+        "--rows",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = report(&path);
+    assert_eq!(r["config"]["check"], "execution", "{}", r["config"]);
+    let rows = r["questions"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for q in rows {
+        // every call writes a query (write or rewrite): no review calls
+        let turns = q["turns"].as_u64().unwrap();
+        assert!((1..=2).contains(&turns), "{q}");
+        assert_eq!(q["llm_calls"].as_u64(), Some(turns), "{q}");
+    }
+}

@@ -70,7 +70,7 @@ pub use scorer::{
     outcome_spans, rollout_result, run_worker, to_triplet, train, train_with,
 };
 pub use sql_agent::{
-    LlmSqlAgent, PolicyCounts, SqlAgentConfig, SqlAgentOutput, SqlEvalRow, SqlEvalSummary,
-    SqlResult, SqlTaskReward, SqlTurn, StopReason, sql_agent_reward, sql_eval_row,
+    CheckMode, LlmSqlAgent, PolicyCounts, SqlAgentConfig, SqlAgentOutput, SqlEvalRow,
+    SqlEvalSummary, SqlResult, SqlTaskReward, SqlTurn, StopReason, sql_agent_reward, sql_eval_row,
 };
 pub use task::{PreparationReport, SpiderTask, TaskConfig, TaskItem};

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::scorer::{EvalStats, TrainStats};
 use crate::sql_agent::QUERY_OPERATION;
-use crate::{Question, SpiderDataset, Split, SqlEvalRow, SqlEvalSummary, SqlTaskReward};
+use crate::{CheckMode, Question, SpiderDataset, Split, SqlEvalRow, SqlEvalSummary, SqlTaskReward};
 
 /// Which train questions the LLM trains on (JSON: `easy`, `all`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,6 +350,8 @@ pub struct LlmReportConfig {
     pub task_reward: SqlTaskReward,
     /// Most queries per question.
     pub max_turns: usize,
+    /// What decides a rewrite (`--check`).
+    pub check: CheckMode,
     /// Most new tokens per call.
     pub max_tokens: u32,
     /// Trained agent roles.

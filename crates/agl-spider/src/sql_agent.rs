@@ -29,6 +29,11 @@
 //! - **check** asks the model to review the query and its result and to end with
 //!   `THE QUERY IS CORRECT` / `THE QUERY IS INCORRECT` ([`prompts::parse_verdict`]: the last
 //!   all-caps verdict wins; no verdict counts as not correct);
+//! - with [`CheckMode::Execution`] there is no check call: a query that ran ends the loop, and
+//!   one that failed or was blocked goes straight to the rewrite, which sees the database's
+//!   error (execution-guided self-correction, as in Chen et al. 2023, "Teaching Large Language
+//!   Models to Self-Debug", and DIN-SQL's self-correction step; not Agent Lightning's example,
+//!   which always asks the checker);
 //! - the loop ends on a CORRECT verdict or once `max_turns` queries were written (default 3:
 //!   the write is turn 1, each rewrite adds one), so a question costs at most `2 × max_turns −
 //!   1` model calls. Unlike Agent Lightning's example, the query of the last turn is not
@@ -111,12 +116,43 @@ pub const QUERY_OPERATION: &str = "sql.query";
 const NO_SQL_FEEDBACK: &str = "The answer contained no SQL query. Answer with exactly one \
 fenced ```sql block holding one query.";
 
+/// Feedback given to the rewrite, under [`CheckMode::Execution`], when a query did not run.
+const EXECUTION_FEEDBACK: &str = "The query did not run: its execution result above is the \
+database's error. Fix that error. Use only the tables and columns of the schema, and check \
+that every column belongs to the table (or alias) it is qualified with.";
+
+/// What decides, after a query is executed, whether the agent rewrites it. JSON and the CLI's
+/// `--check`: `"model"`, `"execution"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckMode {
+    /// The model reviews every query and its result and ends with a verdict; INCORRECT leads to
+    /// a rewrite with the review as feedback (Agent Lightning's `check_query`).
+    #[default]
+    Model,
+    /// No review call: a query that ran is final; one that failed or was blocked is rewritten
+    /// with the database's error (or the policy's reason) as its result.
+    Execution,
+}
+
+impl std::str::FromStr for CheckMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        serde_json::from_value(Value::String(s.to_string()))
+            .map_err(|_| format!("`{s}` is not a check mode: use model or execution"))
+    }
+}
+
 /// Settings of [`LlmSqlAgent`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct SqlAgentConfig {
     /// Most queries written per question: the write plus the rewrites (default 3, as Agent
     /// Lightning's example; at least 1).
     pub max_turns: usize,
+    /// What decides whether a query is rewritten (default [`CheckMode::Model`], Agent
+    /// Lightning's checker).
+    pub check: CheckMode,
     /// Most new tokens per model call (`max_completion_tokens`; default 512, sized for a small
     /// CPU model). A resource's `max_tokens` sampling parameter overrides it.
     pub max_tokens: u32,
@@ -135,6 +171,7 @@ impl Default for SqlAgentConfig {
     fn default() -> Self {
         Self {
             max_turns: 3,
+            check: CheckMode::Model,
             max_tokens: 512,
             temperature: 0.0,
             request_timeout: Duration::from_secs(300),
@@ -191,12 +228,14 @@ pub struct SqlTurn {
     pub verdict: Option<CheckVerdict>,
 }
 
-/// Why the agent stopped. JSON: `"correct"`, `"max_turns"`, `"llm_error"`.
+/// Why the agent stopped. JSON: `"correct"`, `"ran"`, `"max_turns"`, `"llm_error"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// The checker's verdict was CORRECT.
     Correct,
+    /// The query ran, which ends the loop under [`CheckMode::Execution`].
+    Ran,
     /// `max_turns` queries were written.
     MaxTurns,
     /// A model call failed (see [`SqlAgentOutput::llm_errors`]).
@@ -736,8 +775,12 @@ impl Agent for LlmSqlAgent {
             // check_query (nothing to check without SQL, and no check after the last turn:
             // its verdict could not change the answer)
             let last_turn = out.turns >= self.config.max_turns;
+            let ran_ok = matches!(turn.result, SqlResult::Executed { .. });
             let feedback = match &sql {
                 Some(_) if last_turn => None,
+                Some(_) if self.config.check == CheckMode::Execution => {
+                    (!ran_ok).then(|| EXECUTION_FEEDBACK.to_string())
+                }
                 Some(sql) => {
                     out.llm_calls += 1;
                     let check =
@@ -766,6 +809,10 @@ impl Agent for LlmSqlAgent {
             out.history.push(turn);
             if verdict == Some(CheckVerdict::Correct) {
                 out.stop = StopReason::Correct;
+                break;
+            }
+            if ran_ok && self.config.check == CheckMode::Execution {
+                out.stop = StopReason::Ran;
                 break;
             }
             if last_turn {
@@ -1562,6 +1609,70 @@ mod tests {
         assert!(out.correct);
         let rewrite = user_text(&fake.requests()[1].1);
         assert!(rewrite.contains("no SQL query"), "{rewrite}");
+    }
+
+    #[tokio::test]
+    async fn execution_check_rewrites_a_failed_query_with_the_error_and_stops_once_one_runs() {
+        let (done, fake) = run(
+            vec![
+                Canned::Text("```sql\nSELECT count(*) FROM singers\n```"),
+                Canned::Text("```sql\nSELECT count(*) FROM singer\n```"),
+                Canned::Text("never asked"),
+            ],
+            false,
+            SqlAgentConfig {
+                check: CheckMode::Execution,
+                ..SqlAgentConfig::default()
+            },
+        )
+        .await;
+        let out = done.output();
+        // write (fails) → rewrite (runs) → end: no check call, a turn to spare
+        assert_eq!((out.turns, out.llm_calls), (2, 2));
+        assert_eq!(out.stop, StopReason::Ran);
+        assert!(out.correct);
+        assert!(out.verdicts.is_empty());
+        assert!(
+            matches!(&out.history[0].result, SqlResult::Failed { error } if error.contains("no such table"))
+        );
+        let reqs = fake.requests();
+        assert_eq!(reqs.len(), 2);
+        let rewrite = user_text(&reqs[1].1);
+        assert!(
+            rewrite.contains(
+                "Error: SQL error on database \"concert_singer\": no such table: singers"
+            ),
+            "{rewrite}"
+        );
+        assert!(rewrite.contains("The query did not run"), "{rewrite}");
+        assert_eq!(
+            done.roles(),
+            [(ROLE_WRITE, 1), (ROLE_REWRITE, 2)].map(|(r, t)| (r.to_string(), t))
+        );
+    }
+
+    #[tokio::test]
+    async fn execution_check_keeps_a_query_that_ran_even_when_it_is_wrong() {
+        let (done, fake) = run(
+            vec![
+                Canned::Text("```sql\nSELECT name FROM singer\n```"),
+                Canned::Text("never asked"),
+            ],
+            false,
+            SqlAgentConfig {
+                check: CheckMode::Execution,
+                ..SqlAgentConfig::default()
+            },
+        )
+        .await;
+        let out = done.output();
+        assert_eq!((out.turns, out.llm_calls, out.correct), (1, 1, false));
+        assert_eq!(out.stop, StopReason::Ran);
+        assert_eq!(fake.requests().len(), 1);
+        assert_eq!("execution".parse::<CheckMode>(), Ok(CheckMode::Execution));
+        assert_eq!("model".parse::<CheckMode>(), Ok(CheckMode::Model));
+        let err = "reviewer".parse::<CheckMode>().unwrap_err();
+        assert!(err.contains("model or execution"), "{err}");
     }
 
     #[tokio::test]

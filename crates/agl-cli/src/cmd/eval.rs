@@ -37,8 +37,8 @@ use agl_core::RolloutMode;
 use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
 use agl_spider::scorer::{ScorerEval, ScorerRow, SubsetEval, evaluate_subset};
 use agl_spider::{
-    EvalStats, ExecutorConfig, LlmSqlAgent, PolicyCounts, Question, SpiderDataset, Split,
-    SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlTaskReward, sql_agent_reward,
+    CheckMode, EvalStats, ExecutorConfig, LlmSqlAgent, PolicyCounts, Question, SpiderDataset,
+    Split, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlTaskReward, sql_agent_reward,
 };
 use agl_train::RewardConfig;
 use anyhow::{Context, bail};
@@ -125,6 +125,11 @@ pub struct EvalArgs {
     /// Most queries the llm agent writes per question (the write plus rewrites).
     #[arg(long, default_value_t = 3)]
     max_turns: usize,
+    /// What decides a rewrite (llm agent, with --max-turns above 1): `model` (the model reviews
+    /// each query and its result, Agent Lightning's checker) or `execution` (no review call: a
+    /// query that ran is final, one that failed is rewritten with the database's error).
+    #[arg(long, value_name = "model|execution", default_value = "model")]
+    check: CheckMode,
     /// Most new tokens per model call.
     #[arg(long, default_value_t = 512)]
     max_tokens: u32,
@@ -216,6 +221,7 @@ struct ReportConfig<'a> {
     workers: usize,
     temperature: f64,
     max_turns: usize,
+    check: CheckMode,
     max_tokens: u32,
     sql_timeout_seconds: f64,
     data_dir: String,
@@ -398,6 +404,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
                 workers: args.workers,
                 temperature: args.temperature,
                 max_turns: args.max_turns,
+                check: args.check,
                 max_tokens: args.max_tokens,
                 sql_timeout_seconds: args.sql_timeout,
                 data_dir: data.display().to_string(),
@@ -485,6 +492,7 @@ fn run_llm(
         dataset.root.join(agl_spider::DATABASE_DIR),
         SqlAgentConfig {
             max_turns: args.max_turns,
+            check: args.check,
             max_tokens: args.max_tokens,
             temperature: args.temperature as f32,
             request_timeout: Duration::from_secs_f64(args.request_timeout),

@@ -46,9 +46,9 @@ use agl_gov::{BuildEnv, GovernanceMode, Kernel, PolicyFile};
 use agl_llm::{LoraAdapter, LoraConfig, Target};
 use agl_spider::sql_agent::ROLES;
 use agl_spider::{
-    Curriculum, CurvePoint, DevPaired, ExecutorConfig, LlmCurvePoint, LlmDataReport, LlmReport,
-    LlmReportConfig, LlmRun, LlmSqlAgent, LlmUntrained, Question, RunReport, SpiderDataset,
-    SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlStep, SqlTaskReward, TrainStats,
+    CheckMode, Curriculum, CurvePoint, DevPaired, ExecutorConfig, LlmCurvePoint, LlmDataReport,
+    LlmReport, LlmReportConfig, LlmRun, LlmSqlAgent, LlmUntrained, Question, RunReport,
+    SpiderDataset, SqlAgentConfig, SqlEvalRow, SqlEvalSummary, SqlStep, SqlTaskReward, TrainStats,
     sql_agent_reward,
 };
 use agl_train::{
@@ -112,6 +112,11 @@ pub struct LlmTrainArgs {
     /// check and a rewrite per extra turn.
     #[arg(long, default_value_t = 1)]
     pub max_turns: usize,
+    /// What decides a rewrite (--agent llm, with --max-turns above 1): `model` (the model
+    /// reviews each query and its result, Agent Lightning's checker) or `execution` (no review
+    /// call: a query that ran is final, one that failed is rewritten with the database's error).
+    #[arg(long, value_name = "model|execution", default_value = "model")]
+    pub check: CheckMode,
     /// Most new tokens per model call (--agent llm).
     #[arg(long, default_value_t = 128)]
     pub max_tokens: u32,
@@ -555,6 +560,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
         dataset.root.join(agl_spider::DATABASE_DIR),
         SqlAgentConfig {
             max_turns: args.max_turns,
+            check: args.check,
             max_tokens: args.max_tokens,
             temperature: 0.0,
             request_timeout: Duration::from_secs_f64(args.request_timeout),
@@ -787,6 +793,7 @@ pub fn run(shared: SharedArgs, args: LlmTrainArgs) -> anyhow::Result<ExitCode> {
                 temperature: args.temperature,
                 task_reward: args.task_reward,
                 max_turns: args.max_turns,
+                check: args.check,
                 max_tokens: args.max_tokens,
                 train_roles: roles.clone(),
                 curriculum: args.curriculum,

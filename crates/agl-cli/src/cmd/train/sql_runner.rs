@@ -108,6 +108,7 @@ pub fn pool(
         dataset.root.join(agl_spider::DATABASE_DIR),
         SqlAgentConfig {
             max_turns: args.max_turns,
+            check: args.check,
             max_tokens: args.max_tokens,
             temperature: 0.0,
             request_timeout: Duration::from_secs_f64(args.request_timeout),
