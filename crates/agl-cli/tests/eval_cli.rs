@@ -303,31 +303,25 @@ fn model() -> Option<std::path::PathBuf> {
     }
 }
 
-#[test]
-fn llm_agent_answers_two_questions_through_the_gateway_with_the_real_model() {
-    if model().is_none() {
-        return;
-    }
+/// `agl eval --agent llm --max-tokens 48 --rows` with the built-in model and `args`; the report,
+/// or `None` when the model cannot be had.
+fn eval_llm(args: &[&str]) -> Option<Value> {
+    model()?;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("eval.json");
-    let o = agl(&[
-        "eval",
-        "--agent",
-        "llm",
-        "--limit",
-        "2",
-        "--workers",
-        "2",
-        "--max-turns",
-        "1",
-        "--max-tokens",
-        "48",
-        "--rows",
-        "--report",
-        path.to_str().unwrap(),
-    ]);
+    let mut all = vec!["eval", "--agent", "llm", "--max-tokens", "48", "--rows"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--report", path.to_str().unwrap()]);
+    let o = agl(&all);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = report(&path);
+    Some(report(&path))
+}
+
+#[test]
+fn llm_agent_answers_two_questions_through_the_gateway_with_the_real_model() {
+    let Some(r) = eval_llm(&["--limit", "2", "--workers", "2", "--max-turns", "1"]) else {
+        return;
+    };
     assert_eq!(r["agent"], "llm");
     assert_eq!(r["dev"]["questions"], 2);
     let llm = &r["llm"];
@@ -345,15 +339,7 @@ fn llm_agent_answers_two_questions_through_the_gateway_with_the_real_model() {
 
 #[test]
 fn execution_check_rewrites_without_review_calls_with_the_real_model() {
-    if model().is_none() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("eval.json");
-    let o = agl(&[
-        "eval",
-        "--agent",
-        "llm",
+    let Some(r) = eval_llm(&[
         "--limit",
         "4",
         "--workers",
@@ -362,14 +348,9 @@ fn execution_check_rewrites_without_review_calls_with_the_real_model() {
         "2",
         "--check",
         "execution",
-        "--max-tokens",
-        "48",
-        "--rows",
-        "--report",
-        path.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r = report(&path);
+    ]) else {
+        return;
+    };
     assert_eq!(r["config"]["check"], "execution", "{}", r["config"]);
     let rows = r["questions"].as_array().unwrap();
     assert_eq!(rows.len(), 4);
