@@ -1611,20 +1611,22 @@ mod tests {
         assert!(rewrite.contains("no SQL query"), "{rewrite}");
     }
 
+    /// [`run`] with [`CheckMode::Execution`] and the default three turns.
+    async fn run_execution_check(replies: Vec<Canned>) -> (Done, Arc<Fake>) {
+        let config = SqlAgentConfig {
+            check: CheckMode::Execution,
+            ..SqlAgentConfig::default()
+        };
+        run(replies, false, config).await
+    }
+
     #[tokio::test]
     async fn execution_check_rewrites_a_failed_query_with_the_error_and_stops_once_one_runs() {
-        let (done, fake) = run(
-            vec![
-                Canned::Text("```sql\nSELECT count(*) FROM singers\n```"),
-                Canned::Text("```sql\nSELECT count(*) FROM singer\n```"),
-                Canned::Text("never asked"),
-            ],
-            false,
-            SqlAgentConfig {
-                check: CheckMode::Execution,
-                ..SqlAgentConfig::default()
-            },
-        )
+        let (done, fake) = run_execution_check(vec![
+            Canned::Text("```sql\nSELECT count(*) FROM singers\n```"),
+            Canned::Text("```sql\nSELECT count(*) FROM singer\n```"),
+            Canned::Text("never asked"),
+        ])
         .await;
         let out = done.output();
         // write (fails) → rewrite (runs) → end: no check call, a turn to spare
@@ -1653,17 +1655,10 @@ mod tests {
 
     #[tokio::test]
     async fn execution_check_keeps_a_query_that_ran_even_when_it_is_wrong() {
-        let (done, fake) = run(
-            vec![
-                Canned::Text("```sql\nSELECT name FROM singer\n```"),
-                Canned::Text("never asked"),
-            ],
-            false,
-            SqlAgentConfig {
-                check: CheckMode::Execution,
-                ..SqlAgentConfig::default()
-            },
-        )
+        let (done, fake) = run_execution_check(vec![
+            Canned::Text("```sql\nSELECT name FROM singer\n```"),
+            Canned::Text("never asked"),
+        ])
         .await;
         let out = done.output();
         assert_eq!((out.turns, out.llm_calls, out.correct), (1, 1, false));
