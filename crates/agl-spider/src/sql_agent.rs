@@ -117,8 +117,8 @@ const NO_SQL_FEEDBACK: &str = "The answer contained no SQL query. Answer with ex
 fenced ```sql block holding one query.";
 
 /// Feedback given to the rewrite, under [`CheckMode::Execution`], when a query did not run.
-const EXECUTION_FEEDBACK: &str = "The query did not run: its execution result above is the \
-database's error. Fix that error. Use only the tables and columns of the schema, and check \
+const EXECUTION_FEEDBACK: &str = "The query did not run: its execution result above says why \
+(the database's error, or the policy that blocked it). Fix that. Use only the tables and columns of the schema, and check \
 that every column belongs to the table (or alias) it is qualified with.";
 
 /// What decides, after a query is executed, whether the agent rewrites it. JSON and the CLI's
