@@ -118,8 +118,9 @@ fenced ```sql block holding one query.";
 
 /// Feedback given to the rewrite, under [`CheckMode::Execution`], when a query did not run.
 const EXECUTION_FEEDBACK: &str = "The query did not run: its execution result above says why \
-(the database's error, or the policy that blocked it). Fix that. Use only the tables and columns of the schema, and check \
-that every column belongs to the table (or alias) it is qualified with.";
+(the database's error, or the policy that blocked it). Fix that. Use only the tables and \
+columns of the schema, and check that every column belongs to the table (or alias) it is \
+qualified with.";
 
 /// What decides, after a query is executed, whether the agent rewrites it. JSON and the CLI's
 /// `--check`: `"model"`, `"execution"`.
